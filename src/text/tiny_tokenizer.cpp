@@ -1,0 +1,179 @@
+#include "text/tiny_tokenizer.h"
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "text/byte_level.h"
+#include "util/error.h"
+
+namespace dsv41 {
+
+using nlohmann::json;
+
+namespace {
+
+// A few paragraphs of plain English to learn merges from; written for this purpose.
+constexpr const char* kTrainingText = R"(
+The engine reads the model from disk and keeps the weights where they are, mapped into memory.
+Each prompt is split into tokens, and each token becomes a row of numbers that flows through the
+layers. A layer looks back at what came before through its attention, then passes the result to a
+small group of experts chosen for that token. The first layers see every token of the prompt; the
+later layers only need the last part of it, because their memory is short and slides along.
+When a new request shares the start of an earlier one, the engine does not compute that start again.
+It keeps the compressed rows of the shared part and rebuilds the short window by running the last
+few tokens once more. This is cheaper than storing everything, and the answer stays the same.
+Numbers are stored in small formats: eight bits for most weights, four bits for the experts, and a
+scale for every block of thirty two values. The engine checks every file it reads and every request
+it gets, and says clearly what is wrong when something is not right.
+A draft model guesses the next five tokens, and the main model checks all of them in one pass. If
+the guesses are good, several tokens come out for the price of one; if not, the engine goes back and
+forgets what it should never have seen. The server answers many users at once, one step at a time,
+and gives each of them a fair share of the machine. Time to first token, tokens per second, and the
+bytes read per token are measured on the same machine and compared with what the hardware can do.
+In 2026 the model has 40 layers, 384 experts, and a window of 128 tokens; its cache needs 890 bytes
+for every token of context. Hello, world! What is the capital of France? The quick brown fox jumps
+over the lazy dog. She said: "Let's write the code, test it, and measure it." Then they did it again.
+)";
+
+constexpr const char* kSpecials[] = {"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>"};
+
+// Splits text into the pieces merges are learned within: an optional leading space plus a run of
+// letters, a run of digits, or a run of other non-space characters; newlines on their own.
+std::vector<std::string> pieces(const std::string& text) {
+  auto kind = [](unsigned char c) {
+    if (std::isalpha(c) || c >= 0x80) return 1;
+    if (std::isdigit(c)) return 2;
+    if (c == ' ') return 3;
+    if (c == '\n') return 4;
+    return 5;
+  };
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t start = i;
+    if (text[i] == ' ' && i + 1 < text.size() && kind(static_cast<unsigned char>(text[i + 1])) != 3) ++i;
+    int k = kind(static_cast<unsigned char>(text[i]));
+    while (i < text.size() && kind(static_cast<unsigned char>(text[i])) == k && (k != 4 || i == start)) ++i;
+    if (i == start) ++i;
+    out.push_back(text.substr(start, i - start));
+  }
+  return out;
+}
+
+// Byte-level BPE training: repeatedly merge the most frequent adjacent pair (ties broken by the
+// pair's text, so the result is the same on every machine).
+std::vector<std::pair<std::string, std::string>> learn_merges(size_t max_merges) {
+  std::map<std::vector<std::string>, int64_t> words;
+  for (const std::string& p : pieces(kTrainingText)) {
+    std::vector<std::string> symbols;
+    for (char c : p) symbols.push_back(bytes_to_token_text(std::string(1, c)));
+    ++words[symbols];
+  }
+  std::vector<std::pair<std::string, std::string>> merges;
+  while (merges.size() < max_merges) {
+    std::map<std::pair<std::string, std::string>, int64_t> counts;
+    for (const auto& [symbols, freq] : words) {
+      for (size_t i = 0; i + 1 < symbols.size(); ++i) counts[{symbols[i], symbols[i + 1]}] += freq;
+    }
+    if (counts.empty()) break;
+    auto best = counts.begin();
+    for (auto it = counts.begin(); it != counts.end(); ++it) {
+      if (it->second > best->second) best = it;  // map order breaks ties
+    }
+    const auto pair = best->first;
+    merges.push_back(pair);
+    std::map<std::vector<std::string>, int64_t> next;
+    for (const auto& [symbols, freq] : words) {
+      std::vector<std::string> merged;
+      for (size_t i = 0; i < symbols.size(); ++i) {
+        if (i + 1 < symbols.size() && symbols[i] == pair.first && symbols[i + 1] == pair.second) {
+          merged.push_back(pair.first + pair.second);
+          ++i;
+        } else {
+          merged.push_back(symbols[i]);
+        }
+      }
+      next[merged] += freq;
+    }
+    words = std::move(next);
+  }
+  return merges;
+}
+
+json added_token(int64_t id, const std::string& content) {
+  return {{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false},
+          {"rstrip", false}, {"normalized", false}, {"special", true}};
+}
+
+}  // namespace
+
+const std::vector<std::string>& tiny_special_tokens() {
+  static const std::vector<std::string> specials = {
+      "<｜System｜>", "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>",
+      "｜DSML｜", "<｜latest_reminder｜>", "<｜deepseek_image｜>"};
+  return specials;
+}
+
+int64_t tiny_special_id(int64_t vocab_size, const std::string& token) {
+  for (size_t i = 0; i < std::size(kSpecials); ++i) if (token == kSpecials[i]) return static_cast<int64_t>(i);
+  const auto& tail = tiny_special_tokens();
+  for (size_t i = 0; i < tail.size(); ++i) {
+    if (tail[i] == token) return vocab_size - static_cast<int64_t>(tail.size() - i);
+  }
+  fail("tokenizer", "no special token " + token);
+}
+
+json build_tiny_tokenizer(int64_t vocab_size) {
+  const int64_t fixed = static_cast<int64_t>(std::size(kSpecials) + 256 + tiny_special_tokens().size());
+  if (vocab_size < fixed) {
+    fail("tokenizer", "vocab_size " + std::to_string(vocab_size) + " is too small: the specials and the 256 byte "
+                      "tokens alone need " + std::to_string(fixed));
+  }
+  json vocab = json::object();
+  json added = json::array();
+  int64_t id = 0;
+  for (const char* s : kSpecials) {
+    vocab[s] = id;
+    added.push_back(added_token(id++, s));
+  }
+  for (int b = 0; b < 256; ++b) vocab[bytes_to_token_text(std::string(1, static_cast<char>(b)))] = id++;
+  const int64_t learned_end = vocab_size - static_cast<int64_t>(tiny_special_tokens().size());
+  json merges = json::array();
+  for (const auto& [a, b] : learn_merges(static_cast<size_t>(learned_end - id))) {
+    vocab[a + b] = id++;
+    merges.push_back(a + " " + b);
+  }
+  for (int64_t k = 0; id < learned_end; ++k) {  // the text ran out of pairs: reserved ids
+    std::string s = "<｜reserved_" + std::to_string(k) + "｜>";
+    vocab[s] = id;
+    added.push_back(added_token(id++, s));
+  }
+  for (const std::string& s : tiny_special_tokens()) {
+    vocab[s] = id;
+    added.push_back(added_token(id++, s));
+  }
+
+  auto split = [](const char* regex) {
+    return json{{"type", "Split"}, {"pattern", {{"Regex", regex}}}, {"behavior", "Isolated"}, {"invert", false}};
+  };
+  json pre = {{"type", "Sequence"},
+              {"pretokenizers",
+               {split("\\p{N}{1,3}"), split("[一-龥぀-ゟ゠-ヿ]+"),
+                split("[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| "
+                      "?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"),
+                {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}};
+  return {
+      {"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"added_tokens", added},
+      {"normalizer", {{"type", "Sequence"}, {"normalizers", json::array()}}}, {"pre_tokenizer", pre},
+      {"post_processor", nullptr},
+      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"model",
+       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
+        {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false}, {"vocab", vocab},
+        {"merges", merges}}},
+  };
+}
+
+}  // namespace dsv41

@@ -1,0 +1,64 @@
+// Small helpers shared by the test files.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "model/synthetic_checkpoint.h"
+
+namespace dsv41::test {
+
+inline std::string shared_dir() { return DSV41_SHARED_DIR; }
+inline std::string released_config() { return shared_dir() + "/models/deepseek-v4.1-flash/config.json"; }
+inline std::string golden_dir(const std::string& name) { return shared_dir() + "/golden/" + name; }
+
+// A fresh empty folder under the system temp dir, removed when the object goes away.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "dsv41-test-XXXXXX").string();
+    path_ = mkdtemp(tmpl.data()) ? tmpl : std::string();
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+struct CommandResult {
+  int status = -1;
+  std::string out;  // stdout and stderr together
+};
+
+// Runs the dsv41 binary with the given argument string (shell syntax).
+inline CommandResult run_dsv41(const std::string& args) {
+  CommandResult r;
+  std::string cmd = std::string(DSV41_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int status = pclose(p);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// The tiny preset written once per test process (seed 0), shared by tests that only read it.
+inline const std::string& tiny_model_dir() {
+  static TempDir dir;
+  static const bool written = (write_synthetic_checkpoint(dir.path(), "tiny", 0), true);
+  (void)written;
+  return dir.path();
+}
+
+}  // namespace dsv41::test

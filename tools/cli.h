@@ -1,0 +1,33 @@
+// Command-line parsing shared by the dsv41 subcommands: flags are declared up front, so an unknown
+// flag, a missing value or a malformed number is an Error naming the flag, never a guess.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace dsv41::cli {
+
+class Args {
+ public:
+  // value_flags take a value ("--seed 3" or "--seed=3"); switches take none ("--json").
+  // Short aliases map to long names, e.g. {"-m", "--model"}.
+  Args(const std::string& command, int argc, char** argv, const std::set<std::string>& value_flags,
+       const std::set<std::string>& switches, const std::map<std::string, std::string>& aliases = {});
+
+  bool has(const std::string& flag) const;
+  std::string get(const std::string& flag, const std::string& fallback = "") const;
+  std::string required(const std::string& flag) const;
+  int64_t get_int(const std::string& flag, int64_t fallback, int64_t min, int64_t max) const;
+  uint64_t get_u64(const std::string& flag, uint64_t fallback) const;
+  const std::vector<std::string>& positional() const { return positional_; }
+
+ private:
+  std::string command_;
+  std::map<std::string, std::string> values_;
+  std::vector<std::string> positional_;
+};
+
+}  // namespace dsv41::cli

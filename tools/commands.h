@@ -1,0 +1,11 @@
+// The subcommands of the dsv41 tool. Each takes the arguments after its name.
+#pragma once
+
+namespace dsv41::cli {
+
+bool wants_help(int argc, char** argv);
+
+int run_inspect(int argc, char** argv);
+int run_make_tiny(int argc, char** argv);
+
+}  // namespace dsv41::cli

@@ -1,0 +1,45 @@
+// dsv41: one command, one subcommand per job; each subcommand is a thin shell over the library.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "commands.h"
+#include "util/error.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(dsv41 — an inference engine for DeepSeek-V4.1-Flash (model_type deepseek_v41)
+
+usage: dsv41 <command> [options]
+
+commands:
+  inspect PATH [--json]                         layer roles, state graph, bytes per token, parameters,
+                                                Engram constants of a model folder or config.json
+  make-tiny --out DIR [--preset P] [--seed N]   write a random checkpoint in the released layout
+                                                (presets: tiny, small, bench)
+
+'dsv41 <command> --help' describes a command.
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  try {
+    if (command == "inspect") return dsv41::cli::run_inspect(argc - 2, argv + 2);
+    if (command == "make-tiny") return dsv41::cli::run_make_tiny(argc - 2, argv + 2);
+    std::fprintf(stderr, "dsv41: unknown command '%s'\n\n%s", command.c_str(), kUsage);
+    return 2;
+  } catch (const dsv41::Error& e) {
+    std::fprintf(stderr, "dsv41 %s: error: %s\n", command.c_str(), e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dsv41 %s: internal error: %s\n", command.c_str(), e.what());
+    return 3;
+  }
+}

@@ -1,0 +1,105 @@
+#include "model/engram.h"
+
+#include <cmath>
+
+#include "kernels/kernels.h"
+#include "numeric/formats.h"
+#include "util/error.h"
+
+namespace dsv41 {
+
+EngramHasher::EngramHasher(const ModelConfig& c, EngramTokenMap map)
+    : max_ngram_(c.engram_max_ngram_size), heads_(c.engram_n_heads), columns_(c.engram_hash_columns()),
+      map_(std::move(map)) {
+  if (c.engram_layer_ids.empty()) return;
+  // Every multiplier is derived from the compressed vocabulary's size, so a tokenizer that does not
+  // produce the size the checkpoint was trained with would silently rehash every table.
+  if (map_.size != c.engram_compressed_vocab_size) {
+    fail("tokenizer.json", "gives an Engram compressed vocabulary of " + std::to_string(map_.size) +
+                               " ids, the config says engram_compressed_vocab_size = " +
+                               std::to_string(c.engram_compressed_vocab_size));
+  }
+  if (static_cast<int64_t>(map_.compressed.size()) < c.vocab_size) {
+    fail("tokenizer.json", "covers fewer ids than vocab_size");
+  }
+  pad_ = map_.compressed[static_cast<size_t>(c.engram_pad_id)];
+  layout_ = engram_layout(c.engram_layer_ids, max_ngram_, c.engram_vocab_size, heads_, c.engram_compressed_vocab_size);
+}
+
+std::vector<int64_t> EngramHasher::compress(const std::vector<int32_t>& tokens) const {
+  std::vector<int64_t> out(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || static_cast<size_t>(tokens[i]) >= map_.compressed.size()) {
+      fail("tokens", "id " + std::to_string(tokens[i]) + " is outside the vocabulary");
+    }
+    out[i] = map_.compressed[static_cast<size_t>(tokens[i])];
+  }
+  return out;
+}
+
+std::vector<int64_t> EngramHasher::row_ids(int slot, const std::vector<int64_t>& recent,
+                                           const std::vector<int64_t>& compressed) const {
+  const EngramLayerConstants& L = layout_[static_cast<size_t>(slot)];
+  const int64_t n = static_cast<int64_t>(compressed.size()), before = static_cast<int64_t>(recent.size());
+  std::vector<int64_t> out(static_cast<size_t>(n * columns_));
+  std::vector<int64_t> prod(static_cast<size_t>(max_ngram_));
+  for (int64_t i = 0; i < n; ++i) {
+    bool blocked = false;  // cumulative: once history runs out, every further shift is padding
+    for (int sh = 0; sh < max_ngram_; ++sh) {
+      const int64_t at = i - sh;  // index into the call; negative reaches into `recent`
+      blocked = blocked || (at < 0 && before + at < 0);
+      const int64_t tok = blocked ? pad_ : at >= 0 ? compressed[at] : recent[before + at];
+      prod[sh] = tok * L.multipliers[sh];
+    }
+    int64_t rolling = prod[0];
+    for (int g = 1; g < max_ngram_; ++g) {  // the (g+1)-gram: XOR in one more look-back
+      rolling ^= prod[g];
+      for (int h = 0; h < heads_; ++h) {
+        const int col = (g - 1) * heads_ + h;
+        int64_t m = rolling % L.primes[col];
+        if (m < 0) m += L.primes[col];  // Python's modulo: never negative
+        out[i * columns_ + col] = m + L.offsets[col];
+      }
+    }
+  }
+  return out;
+}
+
+void engram_forward(const ModelConfig& c, const EngramWeights& w, const std::vector<int64_t>& ids, int64_t s, float* X) {
+  const int64_t d = c.dim, hc = c.hc_mult, hd = c.engram_head_dim, cols = c.engram_hash_columns();
+  // gather and dequantize the rows: fp8 · 2^(e8m0 − 127) per 32 channels, to bf16
+  std::vector<float> rows(static_cast<size_t>(s * cols * hd));
+  for (int64_t i = 0; i < s * cols; ++i) {
+    const int64_t row = ids[i];
+    if (row < 0 || row >= w.rows) fail("engram", "row id " + std::to_string(row) + " outside the table");
+    for (int64_t j = 0; j < hd; ++j) {
+      float scale = e8m0_to_f32(w.table_scale[row * (hd / 32) + j / 32]);
+      rows[i * hd + j] = round_bf16(e4m3_to_f32(w.table[row * hd + j]) * scale);
+    }
+  }
+  std::vector<float> kv(static_cast<size_t>(s * (hc + 1) * d));
+  linear_fp8(rows.data(), s, w.wkv, kv.data());
+  const float eps = static_cast<float>(c.norm_eps);
+  const float inv_sqrt_dim = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  for (int64_t i = 0; i < s; ++i) {
+    const float* value = &kv[(i * (hc + 1) + hc) * d];
+    for (int64_t cp = 0; cp < hc; ++cp) {
+      float* h = &X[(i * hc + cp) * d];
+      const float* key = &kv[(i * (hc + 1) + cp) * d];
+      const float* qk = &w.qk[cp * d];
+      float hh = 0, kk = 0, dot = 0;
+      for (int64_t j = 0; j < d; ++j) {
+        hh += h[j] * h[j];
+        kk += key[j] * key[j];
+        dot += h[j] * qk[j] * key[j];
+      }
+      // normalised per copy over dim: the rsqrt product is formed first, then applied
+      const float rstd = (1.0f / std::sqrt(hh / static_cast<float>(d) + eps)) * (1.0f / std::sqrt(kk / static_cast<float>(d) + eps));
+      dot = dot * rstd * inv_sqrt_dim;
+      const float gate = 1.0f / (1.0f + std::exp(-std::copysign(std::sqrt(std::max(std::fabs(dot), 1e-6f)), dot)));
+      for (int64_t j = 0; j < d; ++j) h[j] = round_bf16(h[j] + gate * value[j]);
+    }
+  }
+}
+
+}  // namespace dsv41

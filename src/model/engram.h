@@ -1,0 +1,39 @@
+// Engram (model-spec §3.6): n-gram hashes of the compressed token ids select FP8 table rows, which
+// `wkv` turns into one key per stream copy and a shared value, written into the residual stream
+// through a per-copy signed-sqrt sigmoid gate before the Engram layer's block.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "io/config.h"
+#include "model/engram_layout.h"
+#include "model/weights.h"
+#include "text/engram_token_map.h"
+
+namespace dsv41 {
+
+class EngramHasher {
+ public:
+  EngramHasher(const ModelConfig& config, EngramTokenMap map);
+  // Compressed ids of `tokens`; throws Error for an id outside the vocabulary.
+  std::vector<int64_t> compress(const std::vector<int32_t>& tokens) const;
+  // Row ids for each token of a call, for Engram layer `slot`: [count, hash columns]. `recent` holds
+  // the compressed ids of the max_ngram-1 tokens before the call (fewer at the start of a sequence).
+  std::vector<int64_t> row_ids(int slot, const std::vector<int64_t>& recent, const std::vector<int64_t>& compressed) const;
+  int columns() const { return columns_; }
+  int64_t pad() const { return pad_; }
+  const std::vector<EngramLayerConstants>& layout() const { return layout_; }
+
+ private:
+  int max_ngram_ = 0, heads_ = 0, columns_ = 0;
+  int64_t pad_ = 0;
+  EngramTokenMap map_;
+  std::vector<EngramLayerConstants> layout_;
+};
+
+// X: [count, hc, dim] residual stream (bf16 values), updated in place.
+void engram_forward(const ModelConfig& config, const EngramWeights& w, const std::vector<int64_t>& row_ids,
+                    int64_t count, float* X);
+
+}  // namespace dsv41

@@ -1,0 +1,40 @@
+// What the layers of one forward call hand down to later layers of the same call (the reference's
+// "shared attention runtime", made explicit and per call): each index source's top-k per query, the
+// candidate pool per query, and which KV sources emitted rows in this call.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "io/config.h"
+#include "model/layer_roles.h"
+
+namespace dsv41 {
+
+enum class IndexKeysMode {
+  Owner,      // every KV source scores its own keys at every step (dsv41's default; decode = prefill)
+  Reference,  // as shipped: a source that emitted no row this call scores the last published keys
+};
+
+// What an index source computed, kept for tests and debugging (ForwardOptions::capture_index).
+struct IndexCapture {
+  int64_t n_keys = 0;             // compressed rows scored per query
+  int64_t k = 0;                  // selections per query
+  std::vector<float> scores;      // [count, n_keys]: as fed to top-k (-inf: not visible / not in the pool)
+  std::vector<int32_t> selected;  // [count, k]: ascending, -1 = none
+  std::vector<uint8_t> candidates;  // [count, n_keys]: the pool (candidate source only)
+};
+
+struct ForwardContext {
+  int64_t start = 0;  // position of the first token of this call
+  int64_t count = 0;  // tokens in this call
+  IndexKeysMode index_keys = IndexKeysMode::Owner;
+  std::vector<std::vector<std::vector<int32_t>>> topk;  // [layer][query]: compressed rows, -1 = none
+  std::vector<std::vector<uint8_t>> candidates;         // [query]: pool mask over compressed rows
+  std::vector<bool> topk_written;                       // [layer]: published in this call
+  bool candidates_written = false;
+  bool capture_index = false;
+  std::vector<IndexCapture> index_captures;  // [layer], filled when capture_index
+};
+
+}  // namespace dsv41

@@ -1,0 +1,242 @@
+#include "model/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "model/attention.h"
+#include "model/moe.h"
+#include "numeric/formats.h"
+#include "util/error.h"
+
+namespace dsv41 {
+
+namespace {
+
+// The mHC coefficients of one sublayer for each token: one rsqrt over all hc·dim values of the token,
+// a 24-wide fp32 projection, then Sinkhorn (model-spec §3.2).
+struct Mixes {
+  std::vector<float> pre, post, comb;  // [count, hc], [count, hc], [count, hc, hc]
+};
+
+Mixes hc_mixes(const ModelConfig& c, const float* X, int64_t count, const std::vector<float>& fn,
+               const std::vector<float>& scale, const std::vector<float>& base) {
+  const int64_t hc = c.hc_mult, n = hc * c.dim, mix = (2 + hc) * hc;
+  Mixes m;
+  m.pre.resize(static_cast<size_t>(count * hc));
+  m.post.resize(static_cast<size_t>(count * hc));
+  m.comb.resize(static_cast<size_t>(count * hc * hc));
+  std::vector<float> mixes(static_cast<size_t>(mix));
+  for (int64_t i = 0; i < count; ++i) {
+    const float* x = X + i * n;
+    float sq = 0;
+    for (int64_t j = 0; j < n; ++j) sq += x[j] * x[j];
+    const float rsqrt = 1.0f / std::sqrt(sq / static_cast<float>(n) + static_cast<float>(c.norm_eps));
+    for (int64_t o = 0; o < mix; ++o) {
+      const float* f = &fn[o * n];
+      float acc = 0;
+      for (int64_t j = 0; j < n; ++j) acc += x[j] * f[j];
+      mixes[o] = acc * rsqrt;
+    }
+    hc_split_sinkhorn(mixes.data(), scale.data(), base.data(), c.hc_mult, c.hc_sinkhorn_iters,
+                      static_cast<float>(c.hc_eps), &m.pre[i * hc], &m.post[i * hc], &m.comb[i * hc * hc]);
+  }
+  return m;
+}
+
+// Collapse the copies with `pre` (fp32 sum, one bf16 rounding).
+void hc_pre(const ModelConfig& c, const float* X, const float* pre, int64_t count, float* y) {
+  const int64_t hc = c.hc_mult, d = c.dim;
+  for (int64_t i = 0; i < count; ++i) {
+    for (int64_t j = 0; j < d; ++j) {
+      float acc = 0;
+      for (int64_t cp = 0; cp < hc; ++cp) acc += pre[i * hc + cp] * X[(i * hc + cp) * d + j];
+      y[i * d + j] = round_bf16(acc);
+    }
+  }
+}
+
+// Expand the sublayer output back: X'[k] = post[k]·y + Σ_j comb[j][k]·X[j], rounded to bf16.
+void hc_post(const ModelConfig& c, float* X, const float* y, const Mixes& m, int64_t count) {
+  const int64_t hc = c.hc_mult, d = c.dim;
+  std::vector<float> out(static_cast<size_t>(hc * d));
+  for (int64_t i = 0; i < count; ++i) {
+    const float* comb = &m.comb[i * hc * hc];
+    float* x = X + i * hc * d;
+    for (int64_t k = 0; k < hc; ++k) {
+      for (int64_t j = 0; j < d; ++j) {
+        float acc = 0;
+        for (int64_t src = 0; src < hc; ++src) acc += comb[src * hc + k] * x[src * d + j];
+        out[k * d + j] = round_bf16(m.post[i * hc + k] * y[i * d + j] + acc);
+      }
+    }
+    std::copy(out.begin(), out.end(), x);
+  }
+}
+
+void norm_rows(const float* x, int64_t count, int64_t d, const Bf16Tensor& w, double eps, float* y) {
+  for (int64_t i = 0; i < count; ++i) rms_norm(x + i * d, d, w.bits.data(), static_cast<float>(eps), y + i * d, true);
+}
+
+}  // namespace
+
+Model::Model(std::shared_ptr<const ModelWeights> weights, EngramTokenMap token_map)
+    : weights_(std::move(weights)),
+      roles_(derive_layer_roles(weights_->config())),
+      hasher_(weights_->config(), std::move(token_map)),
+      rope_window_(config().rope_head_dim, 0, config().rope_theta, config().rope_factor, config().beta_fast,
+                   config().beta_slow),
+      rope_compressed_(config().rope_head_dim, config().original_seq_len, config().compress_rope_theta,
+                       config().rope_factor, config().beta_fast, config().beta_slow) {}
+
+SequenceState Model::new_sequence() const {
+  SequenceState s;
+  s.window.resize(roles_.size());
+  s.window_from.assign(roles_.size(), 0);
+  s.sources.resize(roles_.size());
+  return s;
+}
+
+void Model::block(int layer, ForwardContext& ctx, SequenceState& st, float* X, std::vector<float>& pre,
+                  int64_t first, int64_t count) const {
+  const ModelConfig& c = config();
+  const LayerWeights& L = weights_->layers[layer];
+  const LayerRole& r = roles_[layer];
+  const int64_t hc = c.hc_mult, d = c.dim;
+  float* x = X + first * hc * d;
+  const float* pre_in = &pre[first * hc];
+
+  // attention sublayer: post/comb from this stream, collapse with the previous sublayer's pre
+  Mixes a = hc_mixes(c, x, count, L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base);
+  std::vector<float> u(static_cast<size_t>(count * d)), y(static_cast<size_t>(count * d));
+  hc_pre(c, x, pre_in, count, u.data());
+  norm_rows(u.data(), count, d, L.attn_norm, c.norm_eps, u.data());
+  const RopeTable& rope = r.compress_ratio > 0 ? rope_compressed_ : rope_window_;
+  attention_forward(c, r, L.attn, rope, u.data(), ctx, st, y.data());
+  hc_post(c, x, y.data(), a, count);
+
+  // FFN sublayer: collapse with the attention's pre; its own pre goes to the next block
+  Mixes f = hc_mixes(c, x, count, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base);
+  hc_pre(c, x, a.pre.data(), count, u.data());
+  norm_rows(u.data(), count, d, L.ffn_norm, c.norm_eps, u.data());
+  moe_forward(c, layer, L.ffn, u.data(), count, y.data());
+  hc_post(c, x, y.data(), f, count);
+  std::copy(f.pre.begin(), f.pre.end(), pre.begin() + first * hc);
+}
+
+ForwardResult Model::forward(SequenceState& st, const std::vector<int32_t>& tokens, const ForwardOptions& opt) const {
+  const ModelConfig& c = config();
+  const int64_t s = static_cast<int64_t>(tokens.size()), hc = c.hc_mult, d = c.dim, V = c.vocab_size;
+  if (s == 0) fail("forward", "no tokens");
+  if (st.length + s > c.max_seq_len) {
+    fail("forward", "context of " + std::to_string(st.length + s) + " tokens exceeds the model's " +
+                        std::to_string(c.max_seq_len));
+  }
+  for (int32_t t : tokens) {
+    if (t < 0 || t >= V) fail("tokens", "id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(V));
+  }
+  ForwardContext ctx;
+  ctx.start = st.length;
+  ctx.count = s;
+  ctx.index_keys = opt.index_keys;
+  ctx.topk.resize(roles_.size());
+  ctx.topk_written.assign(roles_.size(), false);
+  ctx.capture_index = opt.capture_index;
+  if (opt.capture_index) ctx.index_captures.resize(roles_.size());
+
+  ForwardResult res;
+  // Engram row ids depend only on token ids, so they are computed once, up front.
+  std::vector<std::vector<int64_t>> engram_ids;
+  if (!c.engram_layer_ids.empty()) {
+    std::vector<int64_t> compressed = hasher_.compress(tokens);
+    for (size_t slot = 0; slot < c.engram_layer_ids.size(); ++slot) {
+      engram_ids.push_back(hasher_.row_ids(static_cast<int>(slot), st.engram_recent, compressed));
+    }
+    st.engram_recent.insert(st.engram_recent.end(), compressed.begin(), compressed.end());
+    const size_t keep = static_cast<size_t>(c.engram_max_ngram_size - 1);
+    if (st.engram_recent.size() > keep) st.engram_recent.erase(st.engram_recent.begin(), st.engram_recent.end() - keep);
+  }
+
+  // embedding, repeated into hc copies; the first pre is the identity collapse
+  std::vector<float> X(static_cast<size_t>(s * hc * d));
+  for (int64_t i = 0; i < s; ++i) {
+    const uint16_t* e = &weights_->embed.bits[static_cast<size_t>(tokens[i]) * d];
+    for (int64_t cp = 0; cp < hc; ++cp)
+      for (int64_t j = 0; j < d; ++j) X[(i * hc + cp) * d + j] = bf16_to_f32(e[j]);
+  }
+  std::vector<float> pre(static_cast<size_t>(s * hc), 0.0f);
+  for (int64_t i = 0; i < s; ++i) pre[i * hc] = 1.0f;
+
+  const int late = late_layer_start(c);
+  const bool tail = opt.tail_rows >= 0 && opt.tail_rows < s;
+  const int64_t tail_first = tail ? s - std::max<int64_t>(opt.tail_rows, 1) : 0;
+  if (opt.capture_blocks) res.block_outputs.resize(static_cast<size_t>(c.n_layers * s * hc * d));
+  int64_t taps = 0;
+  for (int layer = 0; layer < c.n_layers; ++layer) {
+    const LayerRole& r = roles_[layer];
+    // tail mode: once past the last KV source, only the last rows matter for future state
+    const int64_t first = tail && layer >= late ? tail_first : 0;
+    if (first > 0 && layer == late) {
+      // From here on the call is its tail: what earlier layers published per query is trimmed to the
+      // tail's queries, and the late layers' windows start at the tail (bounded replay, model-spec §4).
+      ctx.start += first;
+      ctx.count -= first;
+      for (auto& per_query : ctx.topk) {
+        if (!per_query.empty()) per_query.erase(per_query.begin(), per_query.begin() + first);
+      }
+      if (!ctx.candidates.empty()) ctx.candidates.erase(ctx.candidates.begin(), ctx.candidates.begin() + first);
+    }
+    if (first > 0) st.window_from[layer] = ctx.start;
+    if (r.engram) {
+      size_t slot = 0;
+      while (c.engram_layer_ids[slot] != layer) ++slot;
+      std::vector<int64_t> ids(engram_ids[slot].begin() + first * hasher_.columns(), engram_ids[slot].end());
+      engram_forward(c, *weights_->layers[layer].engram, ids, s - first, &X[first * hc * d]);
+    }
+    if (r.dspark_tap) {  // the block's input stream, averaged over copies in fp32, one bf16 rounding
+      const int64_t n_taps = static_cast<int64_t>(c.dspark_target_layer_ids.size());
+      res.dspark_taps.resize(static_cast<size_t>(s * n_taps * d));
+      for (int64_t i = first; i < s; ++i)
+        for (int64_t j = 0; j < d; ++j) {
+          float acc = 0;
+          for (int64_t cp = 0; cp < hc; ++cp) acc += X[(i * hc + cp) * d + j];
+          res.dspark_taps[(i * n_taps + taps) * d + j] = round_bf16(acc / static_cast<float>(hc));
+        }
+      ++taps;
+    }
+    block(layer, ctx, st, X.data(), pre, first, s - first);
+    if (opt.capture_blocks) std::copy(X.begin(), X.end(), res.block_outputs.begin() + layer * s * hc * d);
+  }
+  st.length += s;
+
+  // head: collapse with the last FFN's pre, final norm, fp32 projection
+  const int64_t first_row = opt.all_logits && !tail ? 0 : s - 1;
+  res.rows = s - first_row;
+  std::vector<float> y(static_cast<size_t>(res.rows * d));
+  hc_pre(c, &X[first_row * hc * d], &pre[first_row * hc], res.rows, y.data());
+  norm_rows(y.data(), res.rows, d, weights_->norm, c.norm_eps, y.data());
+  res.logits.resize(static_cast<size_t>(res.rows * V));
+  linear_f32(y.data(), res.rows, weights_->head.view(), res.logits.data());
+  res.index = std::move(ctx.index_captures);
+  return res;
+}
+
+std::unique_ptr<Model> load_model(const std::string& dir) {
+  ModelConfig config = load_config(dir);
+  auto weights = std::make_shared<const ModelWeights>(dir, config);
+  const std::string tok_path = dir + "/tokenizer.json";
+  std::ifstream in(tok_path, std::ios::binary);
+  if (!in) fail(tok_path, "cannot be opened (the Engram token map is built from it)");
+  nlohmann::json tok;
+  try {
+    tok = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail(tok_path, std::string("is not valid JSON: ") + e.what());
+  }
+  EngramTokenMap map = build_engram_token_map(tok, config.vocab_size);
+  return std::make_unique<Model>(std::move(weights), std::move(map));
+}
+
+}  // namespace dsv41

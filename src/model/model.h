@@ -1,0 +1,66 @@
+// The V4.1 forward pass (model-spec §3): embedding into hc_mult stream copies, Engram before its
+// layers, blocks of mHC-wrapped attention and MoE with the single-pass handoff of `pre`, the final
+// collapse, norm and fp32 head. A pure function of (weights, tokens, sequence state): everything that
+// must outlive a call is in SequenceState.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "model/engram.h"
+#include "model/forward_context.h"
+#include "model/layer_roles.h"
+#include "model/sequence_state.h"
+#include "model/weights.h"
+
+namespace dsv41 {
+
+struct ForwardOptions {
+  IndexKeysMode index_keys = IndexKeysMode::Owner;
+  bool all_logits = false;      // logits for every token of the call, not only the last
+  bool capture_blocks = false;  // keep the residual stream after every backbone block
+  // Tail mode (CED): layers from late_layer_start on run only on the call's last `tail_rows` tokens
+  // (-1: every layer on every token, the exact path). Only the last row's logits are then available.
+  int64_t tail_rows = -1;
+  bool capture_index = false;  // keep every index source's scores, selections and candidate pool
+};
+
+struct ForwardResult {
+  std::vector<float> logits;         // [rows, vocab], fp32
+  int64_t rows = 0;
+  std::vector<float> block_outputs;  // [n_layers, count, hc, dim] when captured
+  std::vector<float> dspark_taps;    // [count, n_taps·dim]: mean over copies of the tapped layers' inputs
+  std::vector<IndexCapture> index;   // [layer] when capture_index
+};
+
+
+class Model {
+ public:
+  Model(std::shared_ptr<const ModelWeights> weights, EngramTokenMap token_map);
+  const ModelConfig& config() const { return weights_->config(); }
+  const std::vector<LayerRole>& roles() const { return roles_; }
+  const ModelWeights& weights() const { return *weights_; }
+
+  SequenceState new_sequence() const;
+  // Runs `tokens` at positions state.length.. and advances the state.
+  ForwardResult forward(SequenceState& state, const std::vector<int32_t>& tokens, const ForwardOptions& options) const;
+
+ private:
+  void block(int layer, ForwardContext& ctx, SequenceState& state, float* X, std::vector<float>& pre, int64_t first,
+             int64_t count) const;
+
+  std::shared_ptr<const ModelWeights> weights_;
+  std::vector<LayerRole> roles_;
+  EngramHasher hasher_;
+  RopeTable rope_window_;      // theta for ratio-0 layers, no YaRN
+  RopeTable rope_compressed_;  // compress theta with YaRN for ratio > 0 layers
+};
+
+// Loads a model folder: config, weights (checked against the config) and the Engram token map
+// built from its tokenizer.json.
+std::unique_ptr<Model> load_model(const std::string& dir);
+
+}  // namespace dsv41

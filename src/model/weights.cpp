@@ -1,0 +1,153 @@
+#include "model/weights.h"
+
+#include <cstring>
+
+#include "model/checkpoint_check.h"
+#include "model/layer_roles.h"
+#include "numeric/formats.h"
+#include "util/error.h"
+
+namespace dsv41 {
+
+namespace {
+
+class Binder {
+ public:
+  explicit Binder(const Checkpoint& c) : ckpt_(c) {}
+
+  Fp8Matrix fp8(const std::string& name) const {
+    const TensorView& w = ckpt_.get(name + ".weight");
+    const TensorView& s = ckpt_.get(name + ".scale");
+    return {w.data, s.data, w.shape()[0], w.shape()[1]};
+  }
+  Fp4Matrix fp4(const std::string& name) const {
+    const TensorView& w = ckpt_.get(name + ".weight");
+    const TensorView& s = ckpt_.get(name + ".scale");
+    return {w.data, s.data, w.shape()[0], w.shape()[1] * 2};
+  }
+  Bf16Tensor bf16(const std::string& name) const {
+    const TensorView& t = ckpt_.get(name);
+    Bf16Tensor out;
+    out.n = t.shape()[0];
+    out.k = t.shape().size() > 1 ? t.shape()[1] : 1;
+    out.bits.resize(static_cast<size_t>(t.numel()));
+    std::memcpy(out.bits.data(), t.data, t.nbytes());
+    return out;
+  }
+  std::vector<float> f32(const std::string& name) const {
+    const TensorView& t = ckpt_.get(name);
+    std::vector<float> out(static_cast<size_t>(t.numel()));
+    std::memcpy(out.data(), t.data, t.nbytes());
+    return out;
+  }
+  std::vector<float> bf16_as_f32(const std::string& name) const {
+    Bf16Tensor t = bf16(name);
+    std::vector<float> out(t.bits.size());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_f32(t.bits[i]);
+    return out;
+  }
+  // An FP8 matrix dequantized to bf16 values (exact: an e4m3 value times a power of two fits bf16).
+  std::vector<float> fp8_dequant(const std::string& name) const {
+    Fp8Matrix m = fp8(name);
+    std::vector<float> out(static_cast<size_t>(m.n * m.k));
+    const int64_t scale_cols = (m.k + 31) / 32;
+    for (int64_t r = 0; r < m.n; ++r) {
+      for (int64_t c = 0; c < m.k; ++c) {
+        float s = e8m0_to_f32(m.scale[(r / 32) * scale_cols + c / 32]);
+        out[r * m.k + c] = round_bf16(e4m3_to_f32(m.w[r * m.k + c]) * s);
+      }
+    }
+    return out;
+  }
+
+ private:
+  const Checkpoint& ckpt_;
+};
+
+void bind_block(const Binder& b, const ModelConfig& c, const LayerRole& r, const std::string& p, LayerWeights& L) {
+  L.hc_attn_fn = b.f32(p + "hc_attn_fn");
+  L.hc_ffn_fn = b.f32(p + "hc_ffn_fn");
+  L.hc_attn_base = b.f32(p + "hc_attn_base");
+  L.hc_ffn_base = b.f32(p + "hc_ffn_base");
+  L.hc_attn_scale = b.f32(p + "hc_attn_scale");
+  L.hc_ffn_scale = b.f32(p + "hc_ffn_scale");
+  L.attn_norm = b.bf16(p + "attn_norm.weight");
+  L.ffn_norm = b.bf16(p + "ffn_norm.weight");
+
+  AttentionWeights& a = L.attn;
+  const std::string ap = p + "attn.";
+  a.attn_sink = b.f32(ap + "attn_sink");
+  a.wq_a = b.fp8(ap + "wq_a");
+  a.q_norm = b.bf16(ap + "q_norm.weight");
+  a.wq_b = b.fp8(ap + "wq_b");
+  a.wkv = b.fp8(ap + "wkv");
+  a.kv_norm = b.bf16(ap + "kv_norm.weight");
+  a.wo_a = b.fp8_dequant(ap + "wo_a");
+  a.wo_b = b.fp8(ap + "wo_b");
+  if (r.kv_source) {
+    a.comp_wkv = b.bf16(ap + "compressor.wkv.weight");
+    if (r.compress_ratio > 1) a.comp_wgate = b.bf16(ap + "compressor.wgate.weight");
+    a.comp_norm = b.bf16(ap + "compressor.norm.weight");
+    a.idx_wk = b.bf16(ap + "indexer.wk.weight");
+    a.idx_k_norm = b.bf16(ap + "indexer.k_norm.weight");
+  }
+  if (r.index_source) {
+    a.idx_wq_b = b.fp8(ap + "indexer.wq_b");
+    a.idx_weights_proj = b.bf16(ap + "indexer.weights_proj.weight");
+  }
+
+  MoeWeights& f = L.ffn;
+  const std::string fp = p + "ffn.";
+  f.gate = b.bf16(fp + "gate.weight");
+  f.gate_bias = b.f32(fp + "gate.bias");
+  f.shared_w1 = b.fp8(fp + "shared_experts.w1");
+  f.shared_w2 = b.fp8(fp + "shared_experts.w2");
+  f.shared_w3 = b.fp8(fp + "shared_experts.w3");
+  for (int e = 0; e < c.routed_experts(r.layer); ++e) {
+    const std::string ep = fp + "experts." + std::to_string(e) + ".";
+    f.experts.push_back({b.fp4(ep + "w1"), b.fp4(ep + "w2"), b.fp4(ep + "w3")});
+  }
+}
+
+}  // namespace
+
+ModelWeights::ModelWeights(const std::string& dir, const ModelConfig& config)
+    : config_(config), checkpoint_(std::make_unique<Checkpoint>(dir)) {
+  check_checkpoint(*checkpoint_, config_);
+  Binder b(*checkpoint_);
+  embed = b.bf16("embed.weight");
+  head = b.bf16("head.weight");
+  norm = b.bf16("norm.weight");
+  const auto roles = derive_layer_roles(config_);
+  layers.resize(roles.size());
+  for (const LayerRole& r : roles) {
+    if (r.dspark && !config_.has_dspark()) continue;
+    const std::string p = r.dspark ? "mtp." + std::to_string(r.layer - config_.n_layers) + "."
+                                   : "layers." + std::to_string(r.layer) + ".";
+    LayerWeights& L = layers[r.layer];
+    bind_block(b, config_, r, p, L);
+    if (r.engram) {
+      EngramWeights e;
+      const TensorView& t = checkpoint_->get(p + "engram.embed.weight");
+      e.table = t.data;
+      e.rows = t.shape()[0];
+      e.table_scale = checkpoint_->get(p + "engram.embed.scale").data;
+      e.wkv = b.fp8(p + "engram.wkv");
+      std::vector<float> q = b.bf16_as_f32(p + "engram.q_weight"), k = b.bf16_as_f32(p + "engram.k_weight");
+      e.qk.resize(q.size());
+      for (size_t i = 0; i < q.size(); ++i) e.qk[i] = q[i] * k[i];
+      L.engram = std::move(e);
+    }
+  }
+  if (config_.has_dspark()) {
+    const std::string first = "mtp.0.", last = "mtp." + std::to_string(config_.n_mtp_layers - 1) + ".";
+    dspark.main_proj = b.fp8(first + "main_proj");
+    dspark.main_norm = b.bf16(first + "main_norm.weight");
+    dspark.norm = b.bf16(last + "norm.weight");
+    dspark.markov_embed = b.bf16(last + "markov_head.embed.weight");
+    dspark.markov_head = b.bf16(last + "markov_head.head.weight");
+    dspark.confidence = b.bf16(last + "confidence_head.proj.weight");
+  }
+}
+
+}  // namespace dsv41

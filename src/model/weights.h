@@ -1,0 +1,86 @@
+// The model's weights, bound to a memory-mapped checkpoint. Quantized matrices (FP8 dense, FP4
+// experts, FP8 Engram tables) stay in the mapping as zero-copy views; the small BF16/F32 tensors are
+// copied once into aligned fp32 arrays (the mapping gives no alignment guarantee), and attn.wo_a is
+// dequantized to bf16 values as the reference's converter does.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/config.h"
+#include "io/safetensors.h"
+#include "kernels/kernels.h"
+
+namespace dsv41 {
+
+// A BF16 matrix copied into aligned storage (the kernels take uint16 bf16 bits).
+struct Bf16Tensor {
+  std::vector<uint16_t> bits;
+  int64_t n = 0, k = 0;
+  Bf16Matrix view() const { return {bits.data(), n, k}; }
+};
+
+struct AttentionWeights {
+  std::vector<float> attn_sink;  // [n_heads]
+  Fp8Matrix wq_a, wq_b, wkv, wo_b;
+  Bf16Tensor q_norm, kv_norm;
+  std::vector<float> wo_a;  // [o_groups·o_lora_rank, n_heads·head_dim/o_groups], bf16 values
+  // KV sources: the compressor and the index-key projection
+  Bf16Tensor comp_wkv, comp_wgate, comp_norm, idx_wk, idx_k_norm;
+  // index sources: the indexer's query and head weights
+  Fp8Matrix idx_wq_b;
+  Bf16Tensor idx_weights_proj;
+};
+
+struct ExpertWeights {
+  Fp4Matrix w1, w2, w3;
+};
+
+struct MoeWeights {
+  Bf16Tensor gate;
+  std::vector<float> gate_bias;
+  Fp8Matrix shared_w1, shared_w2, shared_w3;
+  std::vector<ExpertWeights> experts;
+};
+
+struct EngramWeights {
+  const uint8_t* table = nullptr;        // F8_E4M3 [rows, head_dim]
+  const uint8_t* table_scale = nullptr;  // F8_E8M0 [rows, head_dim/32]
+  int64_t rows = 0;
+  Fp8Matrix wkv;
+  std::vector<float> qk;  // q_weight·k_weight in fp32, [hc, dim] (only the product is used)
+};
+
+struct LayerWeights {
+  std::vector<float> hc_attn_fn, hc_ffn_fn, hc_attn_base, hc_ffn_base, hc_attn_scale, hc_ffn_scale;
+  Bf16Tensor attn_norm, ffn_norm;
+  AttentionWeights attn;
+  MoeWeights ffn;
+  std::optional<EngramWeights> engram;
+};
+
+struct DsparkWeights {  // the extras of the first and last DSpark stages
+  Fp8Matrix main_proj;
+  Bf16Tensor main_norm, norm, markov_embed, markov_head, confidence;
+};
+
+class ModelWeights {
+ public:
+  // Opens the checkpoint in `dir`, checks every tensor against the config, binds the views.
+  ModelWeights(const std::string& dir, const ModelConfig& config);
+  const ModelConfig& config() const { return config_; }
+  const Checkpoint& checkpoint() const { return *checkpoint_; }
+
+  Bf16Tensor embed, head, norm;
+  std::vector<LayerWeights> layers;  // backbone layers then DSpark blocks
+  DsparkWeights dspark;
+
+ private:
+  ModelConfig config_;
+  std::unique_ptr<Checkpoint> checkpoint_;
+};
+
+}  // namespace dsv41

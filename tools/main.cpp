@@ -1,4 +1,6 @@
 // dsv41: one command, one subcommand per job; each subcommand is a thin shell over the library.
+#include <malloc.h>
+
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -18,6 +20,8 @@ commands:
                                                 Engram constants of a model folder or config.json
   make-tiny --out DIR [--preset P] [--seed N]   write a random checkpoint in the released layout
                                                 (presets: tiny, small, bench)
+  generate -m DIR (-p TEXT | --prompt-ids IDS)  run the model: prefill, then sample or teacher-force
+  logits-diff A B [--json]                      compare two --dump-logits files (max diff, KL, top-1)
 
 'dsv41 <command> --help' describes a command.
 )";
@@ -25,6 +29,11 @@ commands:
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Large buffers (per-call activations, growing KV) come from mmap and go back to the system when
+  // freed; glibc's default adaptive threshold would keep them in the heap, where the holes they leave
+  // make resident memory grow with every reallocation instead of with what is live.
+  mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+  mallopt(M_TRIM_THRESHOLD, 1 << 20);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
@@ -33,6 +42,8 @@ int main(int argc, char** argv) {
   try {
     if (command == "inspect") return dsv41::cli::run_inspect(argc - 2, argv + 2);
     if (command == "make-tiny") return dsv41::cli::run_make_tiny(argc - 2, argv + 2);
+    if (command == "generate") return dsv41::cli::run_generate(argc - 2, argv + 2);
+    if (command == "logits-diff") return dsv41::cli::run_logits_diff(argc - 2, argv + 2);
     std::fprintf(stderr, "dsv41: unknown command '%s'\n\n%s", command.c_str(), kUsage);
     return 2;
   } catch (const dsv41::Error& e) {

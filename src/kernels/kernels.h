@@ -87,4 +87,12 @@ void hc_split_sinkhorn(const float* mixes, const float* scale3, const float* bas
 // fewer than k are finite (the caller maps unreachable ones to -1).
 std::vector<int32_t> topk_ascending(const float* scores, int64_t n, int64_t k);
 
+// Level one of the two-level selection (the reference's select_candidate_blocks) for one query:
+// pad `scores` (n compressed rows, -inf where not visible) to whole blocks of `block_size`, score each
+// block by its best row, pin the block holding the newest visible row (`visible` rows are visible;
+// none is pinned when it is 0), keep the best `topk_blocks` blocks whose score is not -inf. Returns the
+// kept block ids in ascending order (block b holds rows b·block_size ..).
+std::vector<int32_t> select_candidate_blocks(const float* scores, int64_t n, int64_t visible, int64_t topk_blocks,
+                                             int64_t block_size);
+
 }  // namespace dsv41

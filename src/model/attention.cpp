@@ -91,26 +91,6 @@ void publish_rows(const ModelConfig& c, const LayerRole& r, const RopeTable& rop
   src.rows = first_group + groups;
 }
 
-// Level one of the two-level selection: per query, the best `topk_blocks` blocks of
-// `block_size` rows (block score = its best row), the block with the newest visible row pinned.
-std::vector<uint8_t> candidate_pool(const ModelConfig& c, const std::vector<float>& score, int64_t visible) {
-  const int64_t width = static_cast<int64_t>(score.size()), bs = c.candidate_block_size;
-  const int64_t blocks = (width + bs - 1) / bs;
-  std::vector<float> block_score(static_cast<size_t>(blocks), kNegInf);
-  for (int64_t t = 0; t < width; ++t) block_score[t / bs] = std::max(block_score[t / bs], score[t]);
-  // the newest block is only partly filled and could be outscored by older full blocks: pin it
-  // (floor division: with nothing visible no block is pinned)
-  const int64_t last = visible > 0 ? (visible - 1) / bs : -1;
-  if (last >= 0 && last < blocks) block_score[last] = std::numeric_limits<float>::infinity();
-  std::vector<int32_t> top = topk_ascending(block_score.data(), blocks, std::min<int64_t>(c.candidate_topk_blocks, blocks));
-  std::vector<uint8_t> mask(static_cast<size_t>(width), 0);
-  for (int32_t b : top) {
-    if (block_score[b] == kNegInf) continue;  // fewer reachable blocks than topk_blocks
-    for (int64_t t = b * bs; t < std::min(width, (b + 1) * bs); ++t) mask[t] = 1;
-  }
-  return mask;
-}
-
 // The indexer of an index source (model-spec §3.3 step 4): scores every visible compressed row with
 // fp4 query heads against the shared index keys, in bf16 as the reference does, and keeps the top-k.
 void run_indexer(const ModelConfig& c, const LayerRole& r, const AttentionWeights& w, const RopeTable& rope,
@@ -146,6 +126,8 @@ void run_indexer(const ModelConfig& c, const LayerRole& r, const AttentionWeight
   }
 
   std::vector<float> score(static_cast<size_t>(n_keys));
+  std::vector<uint8_t> in_pool;
+  const int64_t bs = c.candidate_block_size;
   for (int64_t i = 0; i < s; ++i) {
     const int64_t visible = (ctx.start + i + 1) / ratio;  // a row is visible once its group is complete
     for (int64_t t = 0; t < n_keys; ++t) {
@@ -165,12 +147,16 @@ void run_indexer(const ModelConfig& c, const LayerRole& r, const AttentionWeight
       score[t] = round_bf16(sum);
     }
     if (r.candidate_source) {
-      ctx.candidates[i] = candidate_pool(c, score, visible);
+      ctx.candidates[i] = select_candidate_blocks(score.data(), n_keys, visible, c.candidate_topk_blocks,
+                                                  c.candidate_block_size);
     } else if (r.candidate_user) {
       if (!ctx.candidates_written) fail("indexer", "candidate pool read before the candidate source wrote it");
-      const auto& pool = ctx.candidates[i];
+      // level two: only rows inside the pool's blocks keep their score
+      in_pool.assign(static_cast<size_t>(n_keys), 0);
+      for (int32_t b : ctx.candidates[i])
+        for (int64_t t = b * bs; t < std::min(n_keys, (b + 1) * bs); ++t) in_pool[t] = 1;
       for (int64_t t = 0; t < n_keys; ++t) {
-        if (t >= static_cast<int64_t>(pool.size()) || !pool[t]) score[t] = kNegInf;
+        if (!in_pool[t]) score[t] = kNegInf;
       }
     }
     std::vector<int32_t> top = topk_ascending(score.data(), n_keys, std::min<int64_t>(c.index_topk, n_keys));
@@ -180,7 +166,10 @@ void run_indexer(const ModelConfig& c, const LayerRole& r, const AttentionWeight
     if (cap) {
       std::copy(score.begin(), score.end(), cap->scores.begin() + i * n_keys);
       std::copy(top.begin(), top.end(), cap->selected.begin() + i * cap->k);
-      if (r.candidate_source) std::copy(ctx.candidates[i].begin(), ctx.candidates[i].end(), cap->candidates.begin() + i * n_keys);
+      if (r.candidate_source) {
+        for (int32_t b : ctx.candidates[i])
+          for (int64_t t = b * bs; t < std::min(n_keys, (b + 1) * bs); ++t) cap->candidates[i * n_keys + t] = 1;
+      }
     }
     selected[i] = std::move(top);
   }

@@ -30,7 +30,7 @@ struct ForwardContext {
   int64_t count = 0;  // tokens in this call
   IndexKeysMode index_keys = IndexKeysMode::Owner;
   std::vector<std::vector<std::vector<int32_t>>> topk;  // [layer][query]: compressed rows, -1 = none
-  std::vector<std::vector<uint8_t>> candidates;         // [query]: pool mask over compressed rows
+  std::vector<std::vector<int32_t>> candidates;         // [query]: the pool's block ids, ascending
   std::vector<bool> topk_written;                       // [layer]: published in this call
   bool candidates_written = false;
   bool capture_index = false;

@@ -170,17 +170,18 @@ ForwardResult Model::forward(SequenceState& st, const std::vector<int32_t>& toke
   for (int64_t i = 0; i < s; ++i) pre[i * hc] = 1.0f;
 
   const int late = late_layer_start(c);
-  const bool tail = opt.tail_rows >= 0 && opt.tail_rows < s;
-  const int64_t tail_first = tail ? s - std::max<int64_t>(opt.tail_rows, 1) : 0;
+  // tail mode: past the last KV source only rows from tail_start on matter for any future state
+  const int64_t late_first = opt.tail_start < 0 ? 0 : std::clamp<int64_t>(opt.tail_start - ctx.start, 0, s);
   if (opt.capture_blocks) res.block_outputs.resize(static_cast<size_t>(c.n_layers * s * hc * d));
   int64_t taps = 0;
   for (int layer = 0; layer < c.n_layers; ++layer) {
     const LayerRole& r = roles_[layer];
-    // tail mode: once past the last KV source, only the last rows matter for future state
-    const int64_t first = tail && layer >= late ? tail_first : 0;
+    const int64_t first = layer >= late ? late_first : 0;
+    if (first == s) break;  // the whole call lies before the tail: late layers have nothing to do
+    if (layer >= late && opt.tail_start >= 0) st.window_from[layer] = std::max(st.window_from[layer], opt.tail_start);
     if (first > 0 && layer == late) {
       // From here on the call is its tail: what earlier layers published per query is trimmed to the
-      // tail's queries, and the late layers' windows start at the tail (bounded replay, model-spec §4).
+      // tail's queries.
       ctx.start += first;
       ctx.count -= first;
       for (auto& per_query : ctx.topk) {
@@ -188,7 +189,6 @@ ForwardResult Model::forward(SequenceState& st, const std::vector<int32_t>& toke
       }
       if (!ctx.candidates.empty()) ctx.candidates.erase(ctx.candidates.begin(), ctx.candidates.begin() + first);
     }
-    if (first > 0) st.window_from[layer] = ctx.start;
     if (r.engram) {
       size_t slot = 0;
       while (c.engram_layer_ids[slot] != layer) ++slot;
@@ -212,14 +212,15 @@ ForwardResult Model::forward(SequenceState& st, const std::vector<int32_t>& toke
   st.length += s;
 
   // head: collapse with the last FFN's pre, final norm, fp32 projection
-  const int64_t first_row = opt.all_logits && !tail ? 0 : s - 1;
+  res.index = std::move(ctx.index_captures);
+  if (late_first == s && late < c.n_layers) return res;  // no row reached the head
+  const int64_t first_row = opt.all_logits ? late_first : s - 1;
   res.rows = s - first_row;
   std::vector<float> y(static_cast<size_t>(res.rows * d));
   hc_pre(c, &X[first_row * hc * d], &pre[first_row * hc], res.rows, y.data());
   norm_rows(y.data(), res.rows, d, weights_->norm, c.norm_eps, y.data());
   res.logits.resize(static_cast<size_t>(res.rows * V));
   linear_f32(y.data(), res.rows, weights_->head.view(), res.logits.data());
-  res.index = std::move(ctx.index_captures);
   return res;
 }
 

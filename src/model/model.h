@@ -22,9 +22,10 @@ struct ForwardOptions {
   IndexKeysMode index_keys = IndexKeysMode::Owner;
   bool all_logits = false;      // logits for every token of the call, not only the last
   bool capture_blocks = false;  // keep the residual stream after every backbone block
-  // Tail mode (CED): layers from late_layer_start on run only on the call's last `tail_rows` tokens
-  // (-1: every layer on every token, the exact path). Only the last row's logits are then available.
-  int64_t tail_rows = -1;
+  // Tail mode (CED, model-spec §4): layers from late_layer_start on run only on positions >= tail_start
+  // (the prompt's last rows), and their windows start there. -1: every layer on every token (exact).
+  // A call that ends before tail_start produces no logits.
+  int64_t tail_start = -1;
   bool capture_index = false;  // keep every index source's scores, selections and candidate pool
 };
 

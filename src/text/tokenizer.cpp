@@ -1,11 +1,9 @@
 #include "text/tokenizer.h"
 
-#include <algorithm>
 #include <array>
 #include <fstream>
 #include <mutex>
 #include <queue>
-#include <sstream>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
@@ -143,6 +141,8 @@ size_t utf8_step(unsigned char c) { return c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 
 
 // A compiled PCRE2 pattern. MATCH_INVALID_UTF makes matching well defined on invalid UTF-8 (bad
 // bytes never match and fall into the gaps between matches), so arbitrary bytes can be encoded.
+// \p{..} classes come from PCRE2's Unicode tables (Unicode 14 in 10.42): a character assigned
+// later counts as unassigned, where an engine with newer tables may split around it differently.
 class Regex {
  public:
   Regex(const std::string& text, bool literal, const std::string& where) {

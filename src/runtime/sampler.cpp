@@ -1,0 +1,72 @@
+#include "runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "util/error.h"
+
+namespace dsv41 {
+
+int32_t argmax(const float* logits, int64_t vocab) {
+  return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+}
+
+Sampler::Sampler(const SamplingParams& p) : params_(p) {
+  if (!(p.temperature >= 0) || !std::isfinite(p.temperature)) fail("temperature", "must be a finite number >= 0");
+  if (!(p.top_p > 0 && p.top_p <= 1)) fail("top_p", "must be in (0, 1]");
+  uint64_t seed = p.seed;
+  for (auto& s : state_) {  // splitmix64 seeding of xoshiro256**
+    seed += 0x9E3779B97F4A7C15ull;
+    uint64_t z = seed;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    s = z ^ (z >> 31);
+  }
+}
+
+double Sampler::uniform() {
+  auto rotl = [](uint64_t x, int k) { return (x << k) | (x >> (64 - k)); };
+  const uint64_t result = rotl(state_[1] * 5, 7) * 9, t = state_[1] << 17;
+  state_[2] ^= state_[0];
+  state_[3] ^= state_[1];
+  state_[1] ^= state_[2];
+  state_[0] ^= state_[3];
+  state_[2] ^= t;
+  state_[3] = rotl(state_[3], 45);
+  return static_cast<double>(result >> 11) * 0x1.0p-53;
+}
+
+int32_t Sampler::sample(const float* logits, int64_t vocab) {
+  if (params_.temperature == 0) return argmax(logits, vocab);
+  // probabilities in double, most likely first
+  order_.resize(static_cast<size_t>(vocab));
+  std::iota(order_.begin(), order_.end(), 0);
+  std::sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  probs_.resize(static_cast<size_t>(vocab));
+  const double mx = logits[order_[0]];
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i) sum += probs_[i] = std::exp((logits[order_[i]] - mx) / params_.temperature);
+  // nucleus: the shortest prefix whose mass reaches top_p
+  int64_t keep = vocab;
+  if (params_.top_p < 1) {
+    double cum = 0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      cum += probs_[i] / sum;
+      if (cum >= params_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  double kept = 0;
+  for (int64_t i = 0; i < keep; ++i) kept += probs_[i];
+  double u = uniform() * kept;
+  for (int64_t i = 0; i < keep; ++i) {
+    u -= probs_[i];
+    if (u < 0) return order_[i];
+  }
+  return order_[keep - 1];
+}
+
+}  // namespace dsv41

@@ -1,0 +1,48 @@
+// One sequence being generated: the narrow API the tools and the server use. It owns the sequence's
+// state and hides tensors: feed a prompt (in chunks, exact or tail mode), then one token at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+
+namespace dsv41 {
+
+enum class PrefillMode { Exact, Tail };
+
+constexpr int64_t kDefaultPrefillChunk = 512;
+
+struct SessionOptions {
+  PrefillMode prefill_mode = PrefillMode::Exact;
+  // Prompt tokens per forward call: activations grow with the call, not the context, so this bounds
+  // a long prefill's working memory. 0 = kDefaultPrefillChunk.
+  int64_t chunk = 0;
+  IndexKeysMode index_keys = IndexKeysMode::Owner;
+};
+
+class Session {
+ public:
+  Session(const Model& model, SessionOptions options);
+
+  // Runs the prompt (appended to what the session already holds) and returns the logits at its last
+  // position. `progress(done, total)` is called after every chunk.
+  std::vector<float> prefill(const std::vector<int32_t>& tokens,
+                             const std::function<void(int64_t, int64_t)>& progress = {});
+  // Appends one token and returns the logits that predict the next.
+  std::vector<float> decode(int32_t token);
+
+  int64_t position() const { return state_.length; }
+  const SequenceState& state() const { return state_; }
+  const Model& model() const { return model_; }
+
+ private:
+  const Model& model_;
+  SessionOptions options_;
+  SequenceState state_;
+};
+
+}  // namespace dsv41

@@ -1,0 +1,253 @@
+// The forward pass on the generated tiny model: chunking, decode, tail mode, role coverage, and the
+// pieces not covered by the kernel tests (candidate blocks, Engram hashes) against slow formulations.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <map>
+#include <set>
+
+#include "kernels/kernels.h"
+#include "model/attention.h"
+#include "model/engram.h"
+#include "model/model.h"
+#include "runtime/session.h"
+#include "test_util.h"
+#include "util/error.h"
+
+namespace dsv41 {
+namespace {
+
+const Model& tiny() {
+  static std::unique_ptr<Model> model = load_model(test::tiny_model_dir());
+  return *model;
+}
+
+std::vector<int32_t> random_ids(int n, uint32_t seed, int vocab) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& id : ids) id = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+  return ids;
+}
+
+// Runs `ids` in calls of `chunk` tokens; returns the last logits and every call's selections per
+// (layer, absolute query position) as sets of valid rows.
+struct ChunkedRun {
+  std::vector<float> logits;
+  std::map<std::pair<int, int64_t>, std::set<int32_t>> selected;
+};
+
+ChunkedRun run_chunked(const std::vector<int32_t>& ids, int64_t chunk) {
+  const Model& m = tiny();
+  SequenceState st = m.new_sequence();
+  ForwardOptions opt;
+  opt.capture_index = true;
+  ChunkedRun out;
+  for (size_t done = 0; done < ids.size();) {
+    const size_t take = std::min<size_t>(static_cast<size_t>(chunk), ids.size() - done);
+    const int64_t start = st.length;
+    ForwardResult r = m.forward(st, {ids.begin() + done, ids.begin() + done + take}, opt);
+    for (size_t layer = 0; layer < r.index.size(); ++layer) {
+      const IndexCapture& cap = r.index[layer];
+      if (cap.k == 0) continue;
+      for (size_t i = 0; i < take; ++i) {
+        std::set<int32_t> s;
+        for (int64_t j = 0; j < cap.k; ++j)
+          if (cap.selected[i * cap.k + j] >= 0) s.insert(cap.selected[i * cap.k + j]);
+        if (!s.empty()) out.selected[{static_cast<int>(layer), start + static_cast<int64_t>(i)}] = s;
+      }
+    }
+    done += take;
+    out.logits = r.logits;
+  }
+  return out;
+}
+
+// Chunked prefill must equal one-shot prefill. On the tiny model every attention list (16 window rows +
+// at most 8 selected rows) fits one 64-entry softmax chunk, so the only layout difference between the
+// prefill and decode list orders (where the -1 padding sits) cannot change a single rounding: the
+// results must be bitwise equal.
+TEST(ModelChunking, ChunkSizesGiveIdenticalLogitsAndSelections) {
+  const std::vector<int32_t> ids = random_ids(150, 1, 1024);
+  ChunkedRun whole = run_chunked(ids, 150);
+  for (int64_t chunk : {1, 7, 64}) {
+    ChunkedRun part = run_chunked(ids, chunk);
+    EXPECT_EQ(part.logits, whole.logits) << "chunk " << chunk;
+    EXPECT_EQ(part.selected, whole.selected) << "chunk " << chunk;
+  }
+  EXPECT_GT(whole.selected.size(), 150u * 3);  // every index source selected for most queries
+}
+
+TEST(ModelChunking, DecodeAfterPrefillEqualsLongerPrefill) {
+  const Model& m = tiny();
+  const std::vector<int32_t> ids = random_ids(90, 2, 1024);
+  for (size_t n : {5, 16, 17, 40, 89}) {
+    SequenceState a = m.new_sequence(), b = m.new_sequence();
+    m.forward(a, {ids.begin(), ids.begin() + static_cast<long>(n)}, {});
+    ForwardResult step = m.forward(a, {ids[n]}, {});
+    ForwardResult full = m.forward(b, {ids.begin(), ids.begin() + static_cast<long>(n) + 1}, {});
+    EXPECT_EQ(step.logits, full.logits) << "n = " << n;
+  }
+}
+
+// In tail mode the late layers see only the prompt's last `window` rows; a prompt that fits in the
+// window loses nothing, so it must equal the exact path bit for bit, and a longer one must not.
+TEST(ModelTailMode, ShortPromptsAreExactLongOnesApproximate) {
+  const Model& m = tiny();
+  const int64_t W = m.config().window_size;
+  SessionOptions exact, tail;
+  tail.prefill_mode = PrefillMode::Tail;
+  const std::vector<int32_t> ids = random_ids(120, 3, 1024);
+  {
+    Session a(m, exact), b(m, tail);
+    std::vector<int32_t> p(ids.begin(), ids.begin() + W);
+    EXPECT_EQ(a.prefill(p), b.prefill(p));
+    EXPECT_EQ(a.decode(ids[W]), b.decode(ids[W]));
+  }
+  Session a(m, exact), b(m, tail);
+  std::vector<float> la = a.prefill(ids), lb = b.prefill(ids);
+  EXPECT_NE(la, lb);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < la.size(); ++i) {
+    num += (la[i] - lb[i]) * (la[i] - lb[i]);
+    den += la[i] * la[i];
+  }
+  EXPECT_LT(std::sqrt(num / den), 0.5);  // approximate, not unrelated (measured in docs/agreement.md)
+  // the global state is exact: the KV sources' rows are identical
+  for (int l : m.config().kv_source_layers) {
+    EXPECT_EQ(a.state().sources[l].compressed, b.state().sources[l].compressed) << l;
+    EXPECT_EQ(a.state().sources[l].index_keys, b.state().sources[l].index_keys) << l;
+  }
+}
+
+// The tiny model holds every role; running it prefill and decode, every reader finds what it reads
+// already written in that call (the forward pass checks each read and throws otherwise).
+TEST(ModelRoles, EveryRoleRunsAndNothingIsReadBeforeItIsWritten) {
+  const Model& m = tiny();
+  std::set<AttnRole> seen;
+  bool engram = false, cand_src = false, cand_user = false;
+  for (const LayerRole& r : m.roles()) {
+    if (r.dspark) continue;
+    seen.insert(r.role);
+    engram = engram || r.engram;
+    cand_src = cand_src || r.candidate_source;
+    cand_user = cand_user || r.candidate_user;
+  }
+  EXPECT_EQ(seen.size(), 4u);
+  EXPECT_TRUE(engram && cand_src && cand_user);
+  SequenceState st = m.new_sequence();
+  const std::vector<int32_t> ids = random_ids(70, 4, 1024);
+  EXPECT_NO_THROW(m.forward(st, ids, {}));
+  for (int i = 0; i < 5; ++i) EXPECT_NO_THROW(m.forward(st, {ids[i]}, {}));
+}
+
+TEST(ModelRoles, ReadingUnpublishedStateFails) {
+  const Model& m = tiny();
+  const ModelConfig& c = m.config();
+  // a Reuse layer run on its own, before its source published a top-k in this call
+  int reuse = -1;
+  for (const LayerRole& r : m.roles()) if (r.role == AttnRole::Reuse && reuse < 0) reuse = r.layer;
+  ASSERT_GE(reuse, 0);
+  SequenceState st = m.new_sequence();
+  ForwardContext ctx;
+  ctx.count = 4;
+  ctx.topk.resize(m.roles().size());
+  ctx.topk_written.assign(m.roles().size(), false);
+  std::vector<float> x(static_cast<size_t>(4 * c.dim), 0.01f), out(x.size());
+  RopeTable rope(c.rope_head_dim, c.original_seq_len, c.compress_rope_theta, c.rope_factor, c.beta_fast, c.beta_slow);
+  try {
+    attention_forward(c, m.roles()[reuse], m.weights().layers[reuse].attn, rope, x.data(), ctx, st, out.data());
+    FAIL() << "a Reuse layer read a top-k nobody published";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("read before"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ModelErrors, BadTokensAndContextOverflowAreRefused) {
+  const Model& m = tiny();
+  SequenceState st = m.new_sequence();
+  EXPECT_THROW(m.forward(st, {5, 1024}, {}), Error);
+  EXPECT_THROW(m.forward(st, {-1}, {}), Error);
+  EXPECT_THROW(m.forward(st, {}, {}), Error);
+  EXPECT_EQ(st.length, 0);  // a refused call leaves the state untouched
+  std::vector<int32_t> too_long(static_cast<size_t>(m.config().max_seq_len + 1), 3);
+  EXPECT_THROW(m.forward(st, too_long, {}), Error);
+}
+
+// select_candidate_blocks against a direct reading of the reference's definition.
+TEST(KernelsCandidates, MatchesASlowFormulation) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-2, 2);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t n = 1 + rng() % 70, bs = 1 + rng() % 8, topk = 1 + rng() % 10, visible = rng() % (n + 1);
+    std::vector<float> s(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) s[t] = t < visible ? std::round(u(rng) * 4) / 4 : ninf;  // ties too
+    std::vector<uint8_t> got(static_cast<size_t>(n), 0);
+    for (int32_t b : select_candidate_blocks(s.data(), n, visible, topk, bs))
+      for (int64_t t = b * bs; t < std::min(n, (b + 1) * bs); ++t) got[t] = 1;
+    // slow: rank blocks by (score, lower index first), pinned block first
+    const int64_t blocks = (n + bs - 1) / bs;
+    std::vector<std::pair<float, int64_t>> rank;
+    for (int64_t b = 0; b < blocks; ++b) {
+      float best = ninf;
+      for (int64_t t = b * bs; t < std::min(n, (b + 1) * bs); ++t) best = std::max(best, s[t]);
+      if (visible > 0 && b == (visible - 1) / bs) best = std::numeric_limits<float>::infinity();
+      rank.push_back({best, b});
+    }
+    std::stable_sort(rank.begin(), rank.end(), [](auto& a, auto& b) { return a.first > b.first; });
+    std::vector<uint8_t> want(static_cast<size_t>(n), 0);
+    for (int64_t j = 0; j < std::min(topk, blocks); ++j) {
+      if (rank[j].first == ninf) continue;
+      for (int64_t t = rank[j].second * bs; t < std::min(n, (rank[j].second + 1) * bs); ++t) want[t] = 1;
+    }
+    ASSERT_EQ(got, want) << "trial " << trial;
+  }
+}
+
+// Engram row ids against the reference's formula written out directly: per position, the compressed
+// ids of the last max_ngram tokens (padding before the start, cumulatively), multiplied, XOR-folded,
+// reduced modulo each head's prime, offset into the layer's table.
+TEST(EngramHash, MatchesTheFormulaAcrossCallBoundaries) {
+  const ModelConfig& c = tiny().config();
+  EngramTokenMap map;
+  map.size = c.engram_compressed_vocab_size;
+  for (int64_t t = 0; t < c.vocab_size; ++t) map.compressed.push_back((t * 7) % map.size);
+  EngramHasher h(c, map);
+  const std::vector<int32_t> ids = random_ids(40, 5, static_cast<int>(c.vocab_size));
+  std::vector<int64_t> comp = h.compress(ids);
+  for (int slot = 0; slot < static_cast<int>(c.engram_layer_ids.size()); ++slot) {
+    const EngramLayerConstants& L = h.layout()[slot];
+    // one call for everything, and the same split into calls of 1, 2 and 5 tokens
+    std::vector<int64_t> whole = h.row_ids(slot, {}, comp);
+    for (size_t step : {1, 2, 5}) {
+      std::vector<int64_t> recent, joined;
+      for (size_t i = 0; i < comp.size(); i += step) {
+        std::vector<int64_t> part(comp.begin() + i, comp.begin() + std::min(comp.size(), i + step));
+        std::vector<int64_t> got = h.row_ids(slot, recent, part);
+        joined.insert(joined.end(), got.begin(), got.end());
+        recent.insert(recent.end(), part.begin(), part.end());
+        if (recent.size() > 3) recent.erase(recent.begin(), recent.end() - 3);
+      }
+      EXPECT_EQ(joined, whole) << "calls of " << step;
+    }
+    for (size_t p = 0; p < comp.size(); ++p) {
+      std::vector<int64_t> tok(4);
+      for (size_t sh = 0; sh < 4; ++sh) tok[sh] = p >= sh ? comp[p - sh] : h.pad();
+      int64_t r = tok[0] * L.multipliers[0];
+      for (int g = 1; g < 4; ++g) {
+        r ^= tok[g] * L.multipliers[g];
+        for (int head = 0; head < c.engram_n_heads; ++head) {
+          const int col = (g - 1) * c.engram_n_heads + head;
+          const int64_t want = ((r % L.primes[col]) + L.primes[col]) % L.primes[col] + L.offsets[col];
+          ASSERT_EQ(whole[p * h.columns() + col], want) << "pos " << p << " col " << col;
+          ASSERT_LT(want, L.rows);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dsv41

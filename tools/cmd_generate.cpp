@@ -1,0 +1,208 @@
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli.h"
+#include "commands.h"
+#include "io/safetensors_writer.h"
+#include "model/model.h"
+#include "runtime/sampler.h"
+#include "runtime/session.h"
+#include "text/tokenizer.h"
+#include "util/error.h"
+
+namespace dsv41::cli {
+
+namespace {
+
+constexpr const char* kHelp = R"(usage: dsv41 generate -m DIR (-p TEXT | --prompt-ids 1,2,3) [options]
+
+  -m, --model DIR            model folder (config.json, tokenizer.json, safetensors)
+  -p, --prompt TEXT          prompt text (tokenized, BOS prepended unless --no-bos)
+      --prompt-ids LIST      prompt as comma-separated token ids (used as given)
+  -n, --n-predict N          tokens to generate (default 32)
+      --temp T               temperature; 0 = greedy (default 0)
+      --top-p P              nucleus sampling mass (default 1)
+      --seed S               sampling seed (default 0)
+      --teacher-ids LIST     after the prompt, feed exactly these ids one at a time instead of sampled
+                             ones (one logits row per id, the first at the last prompt position)
+      --prefill-mode M       exact (every layer on every prompt token) or tail (CED: layers after the
+                             last KV source only on the prompt's last window rows)
+      --chunk N              prefill in calls of at most N tokens (default 512; bounds activation memory)
+      --index-keys M         owner (default) or reference (the shipped decode behaviour)
+      --ignore-eos           keep generating after the end-of-sentence token
+      --dump-logits FILE     write the float32 logits row of every sampled position:
+                             "dsv41-logits v1 vocab=V rows=R\n" then R*V little-endian float32
+      --json                 print one JSON object instead of streaming text
+)";
+
+std::vector<int32_t> parse_ids(const std::string& flag, const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i <= text.size()) {
+    size_t j = text.find(',', i);
+    if (j == std::string::npos) j = text.size();
+    std::string item = text.substr(i, j - i);
+    size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size() || v < 0 || v > INT32_MAX) {
+      fail(flag, "expects comma-separated non-negative token ids, got \"" + item + "\"");
+    }
+    ids.push_back(static_cast<int32_t>(v));
+    i = j + 1;
+  }
+  return ids;
+}
+
+double parse_number(const std::string& flag, const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) fail(flag, "expects a number, got \"" + text + "\"");
+  return v;
+}
+
+// The process's peak resident memory so far, in MiB.
+double peak_rss_mb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // Linux reports KiB
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int run_generate(int argc, char** argv) {
+  if (wants_help(argc, argv)) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  Args args("generate", argc, argv,
+            {"--model", "--prompt", "--prompt-ids", "--n-predict", "--temp", "--top-p", "--seed", "--teacher-ids",
+             "--prefill-mode", "--chunk", "--index-keys", "--dump-logits"},
+            {"--json", "--ignore-eos", "--no-bos"}, {{"-m", "--model"}, {"-p", "--prompt"}, {"-n", "--n-predict"}});
+  if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
+  const std::string dir = args.required("--model");
+  if (args.has("--prompt") == args.has("--prompt-ids")) fail("generate", "give exactly one of -p TEXT and --prompt-ids");
+
+  SessionOptions so;
+  const std::string mode = args.get("--prefill-mode", "exact");
+  if (mode != "exact" && mode != "tail") fail("--prefill-mode", "must be exact or tail, got \"" + mode + "\"");
+  so.prefill_mode = mode == "tail" ? PrefillMode::Tail : PrefillMode::Exact;
+  so.chunk = args.get_int("--chunk", 0, 0, INT32_MAX);
+  const std::string keys = args.get("--index-keys", "owner");
+  if (keys != "owner" && keys != "reference") fail("--index-keys", "must be owner or reference, got \"" + keys + "\"");
+  so.index_keys = keys == "reference" ? IndexKeysMode::Reference : IndexKeysMode::Owner;
+  SamplingParams sp;
+  sp.temperature = parse_number("--temp", args.get("--temp", "0"));
+  sp.top_p = parse_number("--top-p", args.get("--top-p", "1"));
+  sp.seed = args.get_u64("--seed", 0);
+  Sampler sampler(sp);
+  const bool teacher = args.has("--teacher-ids");
+  const std::vector<int32_t> teacher_ids = teacher ? parse_ids("--teacher-ids", args.get("--teacher-ids")) : std::vector<int32_t>{};
+  const int64_t n_predict = teacher ? static_cast<int64_t>(teacher_ids.size()) : args.get_int("--n-predict", 32, 0, 1 << 24);
+  const bool json_out = args.has("--json");
+
+  auto model = load_model(dir);
+  const ModelConfig& cfg = model->config();
+  Tokenizer tokenizer = Tokenizer::from_file(dir + "/tokenizer.json");
+  std::vector<int32_t> prompt;
+  if (args.has("--prompt")) {
+    if (!args.has("--no-bos")) prompt.push_back(static_cast<int32_t>(cfg.bos_token_id));
+    std::vector<int32_t> text = tokenizer.encode(args.get("--prompt"));
+    prompt.insert(prompt.end(), text.begin(), text.end());
+  } else {
+    prompt = parse_ids("--prompt-ids", args.get("--prompt-ids"));
+  }
+  for (int32_t id : prompt) {
+    if (id >= cfg.vocab_size) fail("--prompt-ids", "id " + std::to_string(id) + " is outside the vocabulary of " + std::to_string(cfg.vocab_size));
+  }
+  for (int32_t id : teacher_ids) {
+    if (id >= cfg.vocab_size) fail("--teacher-ids", "id " + std::to_string(id) + " is outside the vocabulary of " + std::to_string(cfg.vocab_size));
+  }
+  if (static_cast<int64_t>(prompt.size()) + n_predict > cfg.max_seq_len) {
+    fail("generate", "prompt (" + std::to_string(prompt.size()) + ") plus -n (" + std::to_string(n_predict) +
+                         ") exceeds the model's context of " + std::to_string(cfg.max_seq_len));
+  }
+
+  Session session(*model, so);
+  const bool tty = isatty(fileno(stderr)) != 0;
+  const auto t_prefill = std::chrono::steady_clock::now();
+  std::vector<float> logits = session.prefill(prompt, [&](int64_t done, int64_t total) {
+    if (tty && total >= 256) {
+      std::fprintf(stderr, "\rprefill %lld/%lld tokens (%.0f tok/s)", static_cast<long long>(done),
+                   static_cast<long long>(total), static_cast<double>(done) / seconds_since(t_prefill));
+      if (done == total) std::fputc('\n', stderr);
+    }
+  });
+  const double prefill_s = seconds_since(t_prefill);
+
+  std::vector<int32_t> generated;
+  std::vector<float> dump;
+  const bool want_dump = args.has("--dump-logits");
+  StreamDecoder stream(tokenizer);
+  double decode_s = 0;
+  int64_t decode_calls = 0;
+  for (int64_t k = 0; k < n_predict; ++k) {
+    if (want_dump) dump.insert(dump.end(), logits.begin(), logits.end());
+    const int32_t token = teacher ? teacher_ids[k] : sampler.sample(logits.data(), cfg.vocab_size);
+    generated.push_back(token);
+    if (!json_out) {
+      std::string piece = stream.push(token);
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
+    const bool eos = !teacher && token == cfg.eos_token_id && !args.has("--ignore-eos");
+    if (eos || k + 1 == n_predict) break;
+    const auto t0 = std::chrono::steady_clock::now();
+    logits = session.decode(token);
+    decode_s += seconds_since(t0);
+    ++decode_calls;
+  }
+  if (!json_out) {
+    std::string rest = stream.flush() + "\n";
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
+  }
+
+  if (want_dump) {
+    const int64_t rows = static_cast<int64_t>(dump.size()) / cfg.vocab_size;
+    std::string out = "dsv41-logits v1 vocab=" + std::to_string(cfg.vocab_size) + " rows=" + std::to_string(rows) + "\n";
+    out.append(reinterpret_cast<const char*>(dump.data()), dump.size() * sizeof(float));
+    write_file_atomic(args.get("--dump-logits"), out.data(), out.size());
+  }
+  if (json_out) {
+    nlohmann::json j = {
+        {"prompt_tokens", prompt.size()},
+        {"tokens", generated},
+        {"text", tokenizer.decode(generated)},
+        {"prefill_mode", mode},
+        {"peak_rss_mb", peak_rss_mb()},
+        {"timings",
+         {{"prefill_s", prefill_s},
+          {"decode_s", decode_s},
+          {"prefill_tok_s", prefill_s > 0 ? static_cast<double>(prompt.size()) / prefill_s : 0.0},
+          {"decode_tok_s", decode_s > 0 ? static_cast<double>(decode_calls) / decode_s : 0.0}}},
+    };
+    std::printf("%s\n", j.dump().c_str());
+  }
+  return 0;
+}
+
+}  // namespace dsv41::cli

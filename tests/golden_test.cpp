@@ -102,7 +102,7 @@ Model* GoldenDense::model_ = nullptr;
 
 TEST_F(GoldenDense, PrefillAllPositions) {
   Golden g("tiny-dense");
-  SequenceState st = model_->new_sequence();
+  SequenceState st = model_->new_sequence(test::pools_for(*model_));
   ForwardOptions opt;
   opt.all_logits = true;
   ForwardResult r = model_->forward(st, g.ids, opt);
@@ -111,7 +111,7 @@ TEST_F(GoldenDense, PrefillAllPositions) {
 
 TEST_F(GoldenDense, BlockOutputsLocateAnyDivergence) {
   Golden g("tiny-dense");
-  SequenceState st = model_->new_sequence();
+  SequenceState st = model_->new_sequence(test::pools_for(*model_));
   ForwardOptions opt;
   opt.capture_blocks = true;
   ForwardResult r = model_->forward(st, g.ids, opt);
@@ -136,7 +136,7 @@ TEST_F(GoldenDense, PrefillLastAtEveryListedLength) {
   Golden g("tiny-dense");
   std::vector<float> ours;
   for (int len : g.meta["prefill_last"]["prompt_lengths"].get<std::vector<int>>()) {
-    SequenceState st = model_->new_sequence();
+    SequenceState st = model_->new_sequence(test::pools_for(*model_));
     ForwardResult r = model_->forward(st, std::vector<int32_t>(g.ids.begin(), g.ids.begin() + len), {});
     ours.insert(ours.end(), r.logits.begin(), r.logits.end());
   }
@@ -146,7 +146,7 @@ TEST_F(GoldenDense, PrefillLastAtEveryListedLength) {
 TEST_F(GoldenDense, DecodeAfterPrefill) {
   Golden g("tiny-dense");
   const int prefill = g.meta["decode_teacher"]["prefill"];
-  SequenceState st = model_->new_sequence();
+  SequenceState st = model_->new_sequence(test::pools_for(*model_));
   ForwardResult r = model_->forward(st, std::vector<int32_t>(g.ids.begin(), g.ids.begin() + prefill), {});
   std::vector<float> ours = r.logits;
   for (int k = 1; k < g.meta["decode_teacher"]["rows"].get<int>(); ++k) {
@@ -160,7 +160,7 @@ TEST_F(GoldenDense, GreedyTokens) {
   Golden g("tiny-dense");
   const int prefill = g.meta["greedy"]["prefill"];
   std::vector<int32_t> want = g.meta["greedy"]["tokens"].get<std::vector<int32_t>>();
-  SequenceState st = model_->new_sequence();
+  SequenceState st = model_->new_sequence(test::pools_for(*model_));
   ForwardResult r = model_->forward(st, std::vector<int32_t>(g.ids.begin(), g.ids.begin() + prefill), {});
   std::vector<float> ours;
   std::vector<int32_t> got;
@@ -186,7 +186,7 @@ TEST_F(GoldenDense, GreedyTokens) {
 TEST(GoldenSparse, IndexerScoresSelectionsAndCandidatePools) {
   Golden g("tiny-sparse");
   auto model = load_model(g.dir);
-  SequenceState st = model->new_sequence();
+  SequenceState st = model->new_sequence(test::pools_for(*model));
   ForwardOptions opt;
   opt.capture_index = true;
   opt.capture_blocks = true;
@@ -275,7 +275,7 @@ TEST(GoldenSparse, IndexKeyModesMatchTheirGoldenDecodeRows) {
   auto decode = [&](IndexKeysMode mode) {
     ForwardOptions opt;
     opt.index_keys = mode;
-    SequenceState st = model->new_sequence();
+    SequenceState st = model->new_sequence(test::pools_for(*model));
     ForwardResult r = model->forward(st, std::vector<int32_t>(g.ids.begin(), g.ids.begin() + prefill), opt);
     std::vector<float> out = r.logits;
     for (int k = 1; k < rows; ++k) {

@@ -4,9 +4,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <string>
 
+#include "io/config.h"
+#include "model/model.h"
 #include "model/synthetic_checkpoint.h"
+#include "state/state_pools.h"
 
 namespace dsv41::test {
 
@@ -59,6 +64,15 @@ inline const std::string& tiny_model_dir() {
   static const bool written = (write_synthetic_checkpoint(dir.path(), "tiny", 0), true);
   (void)written;
   return dir.path();
+}
+
+// Page pools for sequences of `model`, one set per model geometry for the whole test process (they
+// must outlive every sequence that uses them).
+inline StatePools& pools_for(const Model& model) {
+  static std::map<std::string, std::unique_ptr<StatePools>> pools;
+  auto& p = pools[config_fingerprint(model.config())];
+  if (!p) p = std::make_unique<StatePools>(model.config(), model.roles());
+  return *p;
 }
 
 }  // namespace dsv41::test

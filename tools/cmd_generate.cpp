@@ -142,7 +142,8 @@ int run_generate(int argc, char** argv) {
                          ") exceeds the model's context of " + std::to_string(cfg.max_seq_len));
   }
 
-  Session session(*model, so);
+  StatePools pools(cfg, model->roles());
+  Session session(*model, pools, so);
   const bool tty = isatty(fileno(stderr)) != 0;
   const auto t_prefill = std::chrono::steady_clock::now();
   std::vector<float> logits = session.prefill(prompt, [&](int64_t done, int64_t total) {

@@ -72,7 +72,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : map_(path) {
   // section, so every view lies inside the file; no alignment is promised (callers memcpy).
   const uint8_t* data = map_.data() + image.data_start;
   for (const TensorInfo& t : infos_) {
-    views_.emplace(t.name, TensorView{&t, data + t.begin, &map_.path()});
+    views_.emplace(t.name, TensorView{&t, data + t.begin, &map_.path(), image.data_start + t.begin});
   }
 }
 

@@ -37,6 +37,7 @@ struct TensorView {
   const TensorInfo* info = nullptr;
   const uint8_t* data = nullptr;  // first byte of the tensor
   const std::string* file = nullptr;  // path of the file holding it
+  uint64_t file_offset = 0;  // byte offset of `data` within `file`, for readers that bypass the mapping
   const std::string& name() const { return info->name; }
   DType dtype() const { return info->dtype; }
   const std::vector<int64_t>& shape() const { return info->shape; }

@@ -6,6 +6,7 @@
 
 #include "numeric/formats.h"
 #include "numeric/quant.h"
+#include "state/row_formats.h"
 #include "util/error.h"
 
 namespace dsv41 {
@@ -62,39 +63,37 @@ std::vector<float> compress(const ModelConfig& c, const LayerRole& r, const Atte
   return latent;
 }
 
-// Index keys from un-rotated latents: k_norm(wk(latent)), RoPE at the group's first position, FP4 QDQ.
+// Index keys from un-rotated latents: k_norm(wk(latent)), RoPE at the group's first position, FP4
+// (E8M0 per 32), appended to the owner's paged index-key rows.
 void publish_index_keys(const ModelConfig& c, const LayerRole& r, const AttentionWeights& w, const RopeTable& rope,
                         const std::vector<float>& latent, int64_t first_group, int64_t groups, KvSourceState& src) {
-  const int64_t D = c.head_dim, K = c.index_head_dim, rd = c.rope_head_dim;
+  const int64_t K = c.index_head_dim, rd = c.rope_head_dim;
+  if (src.index_keys.size() != first_group) fail("attention", "index keys are not contiguous with the sequence");
   std::vector<float> k(static_cast<size_t>(groups * K));
   linear_bf16(latent.data(), groups, w.idx_wk.view(), k.data());
   rms_rows(k.data(), groups, K, w.idx_k_norm, static_cast<float>(c.norm_eps));
   for (int64_t g = 0; g < groups; ++g) {
     rope.apply(&k[g * K + K - rd], (first_group + g) * r.compress_ratio, false);
-    fp4_qdq_e8m0(&k[g * K], K);
+    pack_index_key_row(&k[g * K], K, src.index_keys.append());
   }
-  src.index_keys.resize(static_cast<size_t>((first_group + groups) * K));
-  std::copy(k.begin(), k.end(), src.index_keys.begin() + first_group * K);
-  (void)D;
 }
 
-// Main compressed rows: RoPE at the group's first position, FP4 with E4M3 scales per 16.
+// Main compressed rows: RoPE at the group's first position, FP4 with E4M3 scales per 16, appended to
+// the owner's paged rows.
 void publish_rows(const ModelConfig& c, const LayerRole& r, const RopeTable& rope, std::vector<float>& latent,
                   int64_t first_group, int64_t groups, KvSourceState& src) {
   const int64_t D = c.head_dim, rd = c.rope_head_dim;
+  if (src.compressed.size() != first_group) fail("attention", "compressed rows are not contiguous with the sequence");
   for (int64_t g = 0; g < groups; ++g) {
     rope.apply(&latent[g * D + D - rd], (first_group + g) * r.compress_ratio, false);
-    fp4_qdq_e4m3(&latent[g * D], D);
+    pack_main_kv_row(&latent[g * D], D, src.compressed.append());
   }
-  src.compressed.resize(static_cast<size_t>((first_group + groups) * D));
-  std::copy(latent.begin(), latent.end(), src.compressed.begin() + first_group * D);
-  src.rows = first_group + groups;
 }
 
 // The indexer of an index source (model-spec §3.3 step 4): scores every visible compressed row with
 // fp4 query heads against the shared index keys, in bf16 as the reference does, and keeps the top-k.
 void run_indexer(const ModelConfig& c, const LayerRole& r, const AttentionWeights& w, const RopeTable& rope,
-                 const float* x, const float* qr, const std::vector<float>& keys, ForwardContext& ctx) {
+                 const float* x, const float* qr, const PagedRows& keys, ForwardContext& ctx) {
   const int64_t s = ctx.count, nh = c.index_n_heads, K = c.index_head_dim, rd = c.rope_head_dim;
   const int64_t ratio = r.compress_ratio, n_keys = (ctx.start + s) / ratio;
   auto& selected = ctx.topk[r.layer];
@@ -113,7 +112,7 @@ void run_indexer(const ModelConfig& c, const LayerRole& r, const AttentionWeight
     if (r.candidate_source) cap->candidates.assign(static_cast<size_t>(s * n_keys), 0);
   }
   if (n_keys == 0) return;  // nothing compressed yet: an empty selection
-  if (static_cast<int64_t>(keys.size()) < n_keys * K) fail("indexer", "index keys read before they were written");
+  if (keys.size() < n_keys) fail("indexer", "index keys read before they were written");
 
   std::vector<float> q(static_cast<size_t>(s * nh * K)), wts(static_cast<size_t>(s * nh));
   linear_fp8(qr, s, w.idx_wq_b, q.data());
@@ -125,27 +124,38 @@ void run_indexer(const ModelConfig& c, const LayerRole& r, const AttentionWeight
     for (int64_t h = 0; h < nh; ++h) wts[i * nh + h] = round_bf16(wts[i * nh + h] * head_scale);
   }
 
+  // Scores are computed for a block of queries at a time, walking the packed keys once per block: the
+  // [queries × keys] matrix never exceeds kScoreBudget however long the context.
+  constexpr int64_t kScoreBudget = int64_t{4} << 20;
+  const int64_t block = std::clamp<int64_t>(kScoreBudget / (n_keys * 4), 1, s);
+  std::vector<float> scores(static_cast<size_t>(block * n_keys)), key(static_cast<size_t>(K));
   std::vector<float> score(static_cast<size_t>(n_keys));
   std::vector<uint8_t> in_pool;
   const int64_t bs = c.candidate_block_size;
   for (int64_t i = 0; i < s; ++i) {
     const int64_t visible = (ctx.start + i + 1) / ratio;  // a row is visible once its group is complete
-    for (int64_t t = 0; t < n_keys; ++t) {
-      if (t >= visible) {
-        score[t] = kNegInf;
-        continue;
+    if (i % block == 0) {
+      const int64_t q0 = i, q1 = std::min(s, i + block);
+      for (int64_t t = 0; t < n_keys; ++t) {
+        unpack_index_key_row(keys.row(t), K, key.data());
+        for (int64_t qi = q0; qi < q1; ++qi) {
+          if (t >= (ctx.start + qi + 1) / ratio) {
+            scores[(qi - q0) * n_keys + t] = kNegInf;
+            continue;
+          }
+          float sum = 0;  // bf16 ops, fp32 accumulation: dot -> bf16, relu, × weight -> bf16, head sum -> bf16
+          for (int64_t h = 0; h < nh; ++h) {
+            const float* qh = &q[(qi * nh + h) * K];
+            float dot = 0;
+            for (int64_t e = 0; e < K; ++e) dot += qh[e] * key[e];
+            dot = std::max(round_bf16(dot), 0.0f);
+            sum += round_bf16(dot * wts[qi * nh + h]);
+          }
+          scores[(qi - q0) * n_keys + t] = round_bf16(sum);
+        }
       }
-      float sum = 0;  // bf16 ops with fp32 accumulation: dot -> bf16, relu, × weight -> bf16, head sum -> bf16
-      for (int64_t h = 0; h < nh; ++h) {
-        const float* qh = &q[(i * nh + h) * K];
-        const float* kt = &keys[t * K];
-        float dot = 0;
-        for (int64_t e = 0; e < K; ++e) dot += qh[e] * kt[e];
-        dot = std::max(round_bf16(dot), 0.0f);
-        sum += round_bf16(dot * wts[i * nh + h]);
-      }
-      score[t] = round_bf16(sum);
     }
+    std::copy_n(&scores[(i % block) * n_keys], n_keys, score.begin());
     if (r.candidate_source) {
       ctx.candidates[i] = select_candidate_blocks(score.data(), n_keys, visible, c.candidate_topk_blocks,
                                                   c.candidate_block_size);
@@ -191,21 +201,31 @@ void attention_forward(const ModelConfig& c, const LayerRole& r, const Attention
   for (int64_t i = 0; i < s; ++i)
     for (int64_t h = 0; h < H; ++h) rope.apply(&q[(i * H + h) * D + D - rd], ctx.start + i, false);
 
-  // 2. this layer's window KV: one row per token, FP8 QDQ over all lanes (RoPE tail included)
+  // 2. this layer's window KV: one row per token, FP8 over all lanes (RoPE tail included); the rows
+  // are packed as the ring stores them and used here as the values they decode to
+  const int64_t wrb = window_row_bytes(D);
   std::vector<float> kv(static_cast<size_t>(s * D));
+  std::vector<uint8_t> kv_packed(static_cast<size_t>(s * wrb));
   linear_fp8(x, s, w.wkv, kv.data());
   rms_rows(kv.data(), s, D, w.kv_norm, eps);
   for (int64_t i = 0; i < s; ++i) {
     rope.apply(&kv[i * D + D - rd], ctx.start + i, false);
-    act_qdq_fp8(&kv[i * D], D);
+    pack_window_row(&kv[i * D], D, &kv_packed[i * wrb]);
+    unpack_window_row(&kv_packed[i * wrb], D, &kv[i * D]);
   }
-  std::vector<float>& ring = st.window[r.layer];
-  if (ring.empty()) ring.assign(static_cast<size_t>(W * D), 0.0f);
+  std::vector<uint8_t>& ring = st.window[r.layer];
+  if (ring.empty()) ring.assign(static_cast<size_t>(W * wrb), 0);
+  // the ring's rows from earlier calls, decoded once for all of this call's queries
+  std::vector<float> ring_rows;
+  if (ctx.start > 0) {
+    ring_rows.resize(static_cast<size_t>(W * D));
+    for (int64_t z = 0; z < W; ++z) unpack_window_row(&ring[z * wrb], D, &ring_rows[z * D]);
+  }
 
   // 3-4. compressed KV and the selection of its rows
   if (r.compress_ratio > 0) {
     if (r.kv_source) {
-      KvSourceState& src = st.sources[r.layer];
+      KvSourceState& src = *st.sources[r.layer];
       int64_t first = 0, groups = 0;
       std::vector<float> latent = compress(c, r, w, x, ctx, src, first, groups);
       if (groups > 0) {
@@ -219,14 +239,14 @@ void attention_forward(const ModelConfig& c, const LayerRole& r, const Attention
         if (ctx.index_keys == IndexKeysMode::Reference && groups == 0 && st.last_index_keys_layer >= 0) {
           keys_layer = st.last_index_keys_layer;
         }
-        run_indexer(c, r, w, rope, x, qr.data(), st.sources[keys_layer].index_keys, ctx);
+        run_indexer(c, r, w, rope, x, qr.data(), st.sources[keys_layer]->index_keys, ctx);
       }
       publish_rows(c, r, rope, latent, first, groups, src);
     } else if (r.index_source) {
       int keys_layer = ctx.index_keys == IndexKeysMode::Reference && st.last_index_keys_layer >= 0
                            ? st.last_index_keys_layer
                            : r.index_keys_from;
-      run_indexer(c, r, w, rope, x, qr.data(), st.sources[keys_layer].index_keys, ctx);
+      run_indexer(c, r, w, rope, x, qr.data(), st.sources[keys_layer]->index_keys, ctx);
     }
     if (!ctx.topk_written[r.topk_from]) fail("attention", "top-k read before its index source wrote it");
   }
@@ -235,13 +255,14 @@ void attention_forward(const ModelConfig& c, const LayerRole& r, const Attention
   std::vector<float> o(static_cast<size_t>(s * H * D));
   std::vector<const float*> rows;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  const KvSourceState* kv_src = r.compress_ratio > 0 ? &st.sources[r.kv_from] : nullptr;
+  const KvSourceState* kv_src = r.compress_ratio > 0 ? st.sources[r.kv_from].get() : nullptr;
+  std::vector<float> selected_rows;  // this query's compressed rows, decoded
   for (int64_t i = 0; i < s; ++i) {
     const int64_t pos = ctx.start + i;
     rows.clear();
     auto row_at = [&](int64_t p) -> const float* {
       if (p < 0 || p > pos || p < st.window_from[r.layer]) return nullptr;
-      return p >= ctx.start ? &kv[(p - ctx.start) * D] : &ring[(p % W) * D];
+      return p >= ctx.start ? &kv[(p - ctx.start) * D] : &ring_rows[(p % W) * D];
     };
     if (ctx.start == 0) {  // prefill layout: ascending from the window start, -1 padding at the end
       const int64_t width = std::min(s, W), first = std::max<int64_t>(0, pos - W + 1);
@@ -250,16 +271,24 @@ void attention_forward(const ModelConfig& c, const LayerRole& r, const Attention
       for (int64_t j = 0; j < W; ++j) rows.push_back(row_at(pos - W + 1 + j));
     }
     if (kv_src) {
-      for (int32_t t : ctx.topk[r.topk_from][i]) {
-        if (t >= kv_src->rows) fail("attention", "compressed row read before it was written");
-        rows.push_back(t < 0 ? nullptr : &kv_src->compressed[t * D]);
+      const std::vector<int32_t>& top = ctx.topk[r.topk_from][i];
+      selected_rows.resize(top.size() * static_cast<size_t>(D));
+      for (size_t j = 0; j < top.size(); ++j) {
+        const int32_t t = top[j];
+        if (t >= kv_src->compressed.size()) fail("attention", "compressed row read before it was written");
+        if (t < 0) {
+          rows.push_back(nullptr);
+          continue;
+        }
+        unpack_main_kv_row(kv_src->compressed.row(t), D, &selected_rows[j * D]);
+        rows.push_back(&selected_rows[j * D]);
       }
     }
     sparse_attention(&q[i * H * D], H, D, rows, w.attn_sink.data(), scale, &o[i * H * D]);
     for (int64_t h = 0; h < H; ++h) rope.apply(&o[(i * H + h) * D + D - rd], pos, true);
   }
   for (int64_t i = std::max<int64_t>(0, s - W); i < s; ++i) {
-    std::copy_n(&kv[i * D], D, &ring[((ctx.start + i) % W) * D]);
+    std::copy_n(&kv_packed[i * wrb], wrb, &ring[((ctx.start + i) % W) * wrb]);
   }
 
   // 6. grouped O-LoRA: block-diagonal wo_a (bf16) per group, then wo_b

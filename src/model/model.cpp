@@ -9,6 +9,7 @@
 #include "model/attention.h"
 #include "model/moe.h"
 #include "numeric/formats.h"
+#include "state/row_formats.h"
 #include "util/error.h"
 
 namespace dsv41 {
@@ -91,11 +92,17 @@ Model::Model(std::shared_ptr<const ModelWeights> weights, EngramTokenMap token_m
       rope_compressed_(config().rope_head_dim, config().original_seq_len, config().compress_rope_theta,
                        config().rope_factor, config().beta_fast, config().beta_slow) {}
 
-SequenceState Model::new_sequence() const {
+SequenceState Model::new_sequence(StatePools& pools) const {
   SequenceState s;
   s.window.resize(roles_.size());
   s.window_from.assign(roles_.size(), 0);
   s.sources.resize(roles_.size());
+  for (const LayerRole& r : roles_) {
+    if (!r.kv_source) continue;
+    s.sources[r.layer] = std::make_unique<KvSourceState>(pools.main_kv(r.layer), pools.index_keys(r.layer),
+                                                         main_kv_bytes(config().head_dim),
+                                                         index_key_bytes(config().index_head_dim));
+  }
   return s;
 }
 

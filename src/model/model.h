@@ -45,7 +45,8 @@ class Model {
   const std::vector<LayerRole>& roles() const { return roles_; }
   const ModelWeights& weights() const { return *weights_; }
 
-  SequenceState new_sequence() const;
+  // A fresh sequence whose global rows live in `pools` (which must outlive it).
+  SequenceState new_sequence(StatePools& pools) const;
   // Runs `tokens` at positions state.length.. and advances the state.
   ForwardResult forward(SequenceState& state, const std::vector<int32_t>& tokens, const ForwardOptions& options) const;
 

@@ -6,8 +6,8 @@
 
 namespace dsv41 {
 
-Session::Session(const Model& model, SessionOptions options)
-    : model_(model), options_(options), state_(model.new_sequence()) {
+Session::Session(const Model& model, StatePools& pools, SessionOptions options)
+    : model_(model), options_(options), state_(model.new_sequence(pools)) {
   if (options_.chunk < 0) fail("chunk", "must be >= 0");
 }
 

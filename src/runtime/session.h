@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/model.h"
+#include "state/state_pools.h"
 
 namespace dsv41 {
 
@@ -26,7 +27,8 @@ struct SessionOptions {
 
 class Session {
  public:
-  Session(const Model& model, SessionOptions options);
+  // The sequence's global rows live in `pools`, which must outlive the session.
+  Session(const Model& model, StatePools& pools, SessionOptions options);
 
   // Runs the prompt (appended to what the session already holds) and returns the logits at its last
   // position. `progress(done, total)` is called after every chunk.

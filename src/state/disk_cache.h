@@ -1,0 +1,69 @@
+// The on-disk prompt-cache entry: the state of a sequence after a prefix of tokens, so that a later
+// process can skip that prefix's prefill (model-spec §5). What goes in is decided by the caller
+// (global KV always; window rings and compressor tails only for "exact" entries); this file only
+// stores named byte sections and guarantees that whatever comes back out is exactly what went in.
+//
+// Layout (all integers little-endian):
+//   "DSV41KVC"  u32 version  u32 header_length  header (JSON, header_length bytes)
+//   token ids (i32 × tokens)  body (sections back to back, in table order)  logits (f32 × logits)
+//   XXH3-64 of every byte before it (u64)
+// The JSON header holds fingerprint, mode, tokens, logits, body_bytes and the section table
+// (name, layer, rows, offset, size; offsets relative to the body). The reader trusts none of it:
+// every count is capped and the whole layout must add up to exactly the file's size.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dsv41 {
+
+struct CacheSection {  // one state class of one owner layer, as raw bytes
+  std::string name;    // e.g. "main_kv", "index_keys", "window", "compressor_tail", "engram_recent", "window_from"
+  int32_t layer = -1;  // -1: not tied to a layer
+  int64_t rows = 0;    // rows held (for per-token classes), informational for fixed ones
+  std::vector<uint8_t> bytes;
+};
+
+struct CacheEntry {
+  std::string model_fingerprint;  // config identity: a different model must never reuse an entry
+  std::string mode;               // "exact" or "replay"
+  std::vector<int32_t> tokens;    // the cached prefix
+  std::vector<CacheSection> sections;
+  std::vector<float> last_logits;  // logits at the prefix's last position (may be empty)
+};
+
+constexpr uint32_t kCacheFormatVersion = 1;
+constexpr const char* kCacheFileExtension = ".dsv41kv";
+
+// Writes atomically (temp file in the same folder, fsync, rename) and returns the bytes written.
+// Throws Error for an entry the reader would refuse (unknown mode, empty section name, counts
+// beyond the format's caps) or when the file cannot be written.
+uint64_t write_cache_entry(const std::string& path, const CacheEntry& entry);
+
+// Reads and verifies an entry. Returns std::nullopt and sets *why (if given) to a one-line reason
+// naming the file for anything wrong: missing, truncated, bad magic, other version, header not JSON
+// or inconsistent, checksum mismatch, or a fingerprint other than `expected_fingerprint`.
+// Never throws for bad file content and never reads outside the file.
+std::optional<CacheEntry> read_cache_entry(const std::string& path, const std::string& expected_fingerprint,
+                                           std::string* why);
+
+// Reads only header and tokens of every "*.dsv41kv" file directly in `dir`, with the same checks as
+// read_cache_entry except the checksum (the full read verifies it). Files that fail, including
+// entries for another model, are skipped with a warning. Items come sorted by path.
+struct CacheIndexItem {
+  std::string path;
+  std::vector<int32_t> tokens;
+  std::string mode;
+  uint64_t file_bytes = 0;
+};
+std::vector<CacheIndexItem> scan_cache_dir(const std::string& dir, const std::string& expected_fingerprint,
+                                           std::vector<std::string>* warnings);
+
+// File name for a prefix: 16 hex digits of an XXH3-64 over fingerprint, mode and tokens, plus
+// kCacheFileExtension. Stable across processes and versions of this code.
+std::string cache_file_name(const std::string& fingerprint, const std::string& mode,
+                            const std::vector<int32_t>& tokens);
+
+}  // namespace dsv41

@@ -1,0 +1,107 @@
+#include "state/prefix_tree.h"
+
+#include <algorithm>
+#include <queue>
+#include <string>
+#include <tuple>
+
+#include "util/error.h"
+
+namespace dsv41 {
+
+PrefixTree::PrefixTree(size_t block_tokens) : block_tokens_(block_tokens) {
+  if (block_tokens_ == 0) fail("PrefixTree", "block_tokens must be positive");
+  nodes_.emplace(kRoot, Node{});
+}
+
+PrefixTree::Match PrefixTree::match(const std::vector<int32_t>& tokens) const {
+  Match out;
+  const Node* node = &nodes_.at(kRoot);
+  std::vector<int32_t> block(block_tokens_);
+  for (size_t start = 0; start + block_tokens_ <= tokens.size(); start += block_tokens_) {
+    std::copy_n(tokens.begin() + static_cast<std::ptrdiff_t>(start), block_tokens_, block.begin());
+    auto it = node->children.find(block);
+    if (it == node->children.end()) break;
+    node = &nodes_.at(it->second);
+    out.tokens += static_cast<int64_t>(block_tokens_);
+    out.path.push_back(node->entry);
+    out.nodes.push_back(it->second);
+  }
+  return out;
+}
+
+void PrefixTree::insert(const std::vector<int32_t>& tokens, int64_t n_blocks,
+                        const std::function<EntryId(int64_t)>& make_entry,
+                        const std::function<size_t(EntryId)>& entry_bytes) {
+  if (n_blocks < 0 || static_cast<size_t>(n_blocks) > tokens.size() / block_tokens_)
+    fail("PrefixTree", "insert of " + std::to_string(n_blocks) + " blocks of " + std::to_string(block_tokens_) +
+                           " tokens from a prompt of " + std::to_string(tokens.size()) + " tokens");
+  uint64_t id = kRoot;
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const auto first = tokens.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(b) * block_tokens_);
+    std::vector<int32_t> block(first, first + static_cast<std::ptrdiff_t>(block_tokens_));
+    auto& children = nodes_.at(id).children;
+    auto it = children.find(block);
+    if (it != children.end()) {
+      id = it->second;
+      continue;
+    }
+    // Ask for the entry before linking the node: if make_entry or entry_bytes throws, the tree is
+    // unchanged from this block on.
+    Node node;
+    node.entry = make_entry(b);
+    node.bytes = node.entry == kNoEntry ? 0 : entry_bytes(node.entry);
+    node.parent = id;
+    node.key = block;
+    node.last_use = clock_;
+    const uint64_t child = next_id_++;
+    children.emplace(std::move(block), child);
+    bytes_ += node.bytes;
+    nodes_.emplace(child, std::move(node));
+    id = child;
+  }
+}
+
+void PrefixTree::touch(const Match& match, uint64_t now) {
+  clock_ = std::max(clock_, now);
+  for (uint64_t id : match.nodes) {
+    auto it = nodes_.find(id);
+    if (it != nodes_.end()) it->second.last_use = now;
+  }
+}
+
+std::vector<PrefixTree::EntryId> PrefixTree::evict_until(size_t max_bytes,
+                                                         const std::function<bool(EntryId)>& evictable) {
+  std::vector<EntryId> evicted;
+  if (bytes_ <= max_bytes) return evicted;
+  // Min-heap of current leaves by (last use, id): ids grow with creation, so ties go to the older node.
+  using Item = std::pair<uint64_t, uint64_t>;
+  std::priority_queue<Item, std::vector<Item>, std::greater<Item>> leaves;
+  for (const auto& [id, node] : nodes_)
+    if (id != kRoot && node.children.empty()) leaves.emplace(node.last_use, id);
+
+  while (bytes_ > max_bytes && !leaves.empty()) {
+    const uint64_t id = leaves.top().second;
+    leaves.pop();
+    Node& node = nodes_.at(id);
+    // A pinned leaf stays; since it is never pushed again, its ancestors never become leaves here.
+    if (node.entry != kNoEntry && !evictable(node.entry)) continue;
+    if (node.entry != kNoEntry) evicted.push_back(node.entry);
+    bytes_ -= node.bytes;
+    const uint64_t parent_id = node.parent;
+    Node& parent = nodes_.at(parent_id);
+    parent.children.erase(node.key);
+    nodes_.erase(id);
+    if (parent_id != kRoot && parent.children.empty()) leaves.emplace(parent.last_use, parent_id);
+  }
+  return evicted;
+}
+
+void PrefixTree::clear() {
+  // next_id_ keeps counting so that a Match taken before clear() can never touch a newer node.
+  nodes_.clear();
+  nodes_.emplace(kRoot, Node{});
+  bytes_ = 0;
+}
+
+}  // namespace dsv41

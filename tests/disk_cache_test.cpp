@@ -1,0 +1,457 @@
+// The prompt-cache entry format: round trips, and every way a file on disk can be wrong is refused
+// with a reason instead of being trusted.
+#include "state/disk_cache.h"
+
+#include <gtest/gtest.h>
+#include <xxhash.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <random>
+#include <regex>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "util/error.h"
+
+namespace dsv41 {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Bytes = std::vector<uint8_t>;
+
+const std::string kFp = "dsv41-test-model";
+
+// A fresh folder per test, removed afterwards.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    std::string tmpl = (fs::temp_directory_path() / "dsv41-disk-cache-XXXXXX").string();
+    if (mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+Bytes read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return Bytes(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void write_bytes(const std::string& path, const Bytes& bytes, size_t n) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(n));
+}
+void write_bytes(const std::string& path, const Bytes& bytes) { write_bytes(path, bytes, bytes.size()); }
+
+Bytes filled(size_t n, uint8_t seed) {
+  Bytes b(n);
+  for (size_t i = 0; i < n; ++i) b[i] = static_cast<uint8_t>(seed + 31 * i);
+  return b;
+}
+
+CacheEntry small_entry() {
+  CacheEntry e;
+  e.model_fingerprint = kFp;
+  e.mode = "exact";
+  e.tokens = {7, 0, 42};
+  e.sections = {{"main_kv", 2, 1, filled(6, 1)}, {"engram_recent", -1, 0, {}}, {"window", 0, 3, filled(5, 9)}};
+  e.last_logits = {0.5f, -1.25f};
+  return e;
+}
+
+CacheEntry big_entry() {
+  std::mt19937 rng(5);
+  CacheEntry e;
+  e.model_fingerprint = kFp;
+  e.mode = "replay";
+  for (int i = 0; i < 3000; ++i) e.tokens.push_back(static_cast<int32_t>(rng() % 129280));
+  for (int layer = 0; layer < 12; ++layer) {
+    e.sections.push_back({layer % 3 ? "window" : "main_kv", layer, 1500, filled(1000 + 97 * layer, uint8_t(layer))});
+  }
+  for (int i = 0; i < 5000; ++i) e.last_logits.push_back(static_cast<float>(i) * 0.25f - 7.0f);
+  return e;
+}
+
+void expect_same(const CacheEntry& a, const CacheEntry& b) {
+  EXPECT_EQ(a.model_fingerprint, b.model_fingerprint);
+  EXPECT_EQ(a.mode, b.mode);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.last_logits, b.last_logits);
+  ASSERT_EQ(a.sections.size(), b.sections.size());
+  for (size_t i = 0; i < a.sections.size(); ++i) {
+    EXPECT_EQ(a.sections[i].name, b.sections[i].name);
+    EXPECT_EQ(a.sections[i].layer, b.sections[i].layer);
+    EXPECT_EQ(a.sections[i].rows, b.sections[i].rows);
+    EXPECT_EQ(a.sections[i].bytes, b.sections[i].bytes);
+  }
+}
+
+// Reads `path` expecting a refusal; returns the reason, which must name the file and be one line.
+std::string refusal(const std::string& path, const std::string& fingerprint = kFp) {
+  std::string why;
+  const auto entry = read_cache_entry(path, fingerprint, &why);
+  EXPECT_FALSE(entry.has_value()) << path;
+  EXPECT_EQ(why.rfind(path + ": ", 0), 0u) << why;
+  EXPECT_EQ(why.find('\n'), std::string::npos) << why;
+  return why;
+}
+
+// Byte offsets where the regions of a written file end.
+struct Regions {
+  size_t header_end, tokens_end, body_end, logits_end, size;
+};
+Regions regions_of(const Bytes& f) {
+  uint32_t header_bytes;
+  std::memcpy(&header_bytes, f.data() + 12, 4);
+  const json h = json::parse(f.begin() + 16, f.begin() + 16 + header_bytes);
+  Regions r{};
+  r.header_end = 16 + header_bytes;
+  r.tokens_end = r.header_end + 4 * h["tokens"].get<size_t>();
+  r.body_end = r.tokens_end + h["body_bytes"].get<size_t>();
+  r.logits_end = r.body_end + 4 * h["logits"].get<size_t>();
+  r.size = f.size();
+  EXPECT_EQ(r.logits_end + 8, r.size);
+  return r;
+}
+
+// Writes a file by hand around an arbitrary header text, with a correct checksum, so that only the
+// reader's own consistency checks can catch what is wrong with it.
+void craft(const std::string& path, const std::string& header, const Bytes& payload, uint32_t version = 1) {
+  Bytes f = {'D', 'S', 'V', '4', '1', 'K', 'V', 'C'};
+  const uint32_t lengths[2] = {version, static_cast<uint32_t>(header.size())};
+  f.insert(f.end(), reinterpret_cast<const uint8_t*>(lengths), reinterpret_cast<const uint8_t*>(lengths) + 8);
+  f.insert(f.end(), header.begin(), header.end());
+  f.insert(f.end(), payload.begin(), payload.end());
+  const uint64_t sum = XXH3_64bits(f.data(), f.size());
+  f.insert(f.end(), reinterpret_cast<const uint8_t*>(&sum), reinterpret_cast<const uint8_t*>(&sum) + 8);
+  write_bytes(path, f);
+}
+
+// A consistent header: 2 tokens, two sections of 4 and 6 bytes, 1 logit → 22 payload bytes.
+json good_header() {
+  return {{"fingerprint", kFp}, {"mode", "exact"}, {"tokens", 2}, {"logits", 1}, {"body_bytes", 10},
+          {"sections", {{{"name", "main_kv"}, {"layer", 2}, {"rows", 1}, {"offset", 0}, {"size", 4}},
+                        {{"name", "window"}, {"layer", 0}, {"rows", 2}, {"offset", 4}, {"size", 6}}}}};
+}
+const Bytes kGoodPayload(22, 0);
+
+TEST(DiskCache, RoundTripKeepsEverything) {
+  ScratchDir dir;
+  const std::string path = dir / "a.dsv41kv";
+  const uint64_t written = write_cache_entry(path, small_entry());
+  EXPECT_EQ(written, fs::file_size(path));
+  std::string why = "stale";
+  const auto back = read_cache_entry(path, kFp, &why);
+  ASSERT_TRUE(back.has_value()) << why;
+  EXPECT_TRUE(why.empty());
+  expect_same(*back, small_entry());
+
+  const CacheEntry big = big_entry();
+  write_cache_entry(path, big);  // replaces the previous entry
+  const auto big_back = read_cache_entry(path, kFp, nullptr);
+  ASSERT_TRUE(big_back.has_value());
+  expect_same(*big_back, big);
+}
+
+TEST(DiskCache, RoundTripEmptyPieces) {
+  ScratchDir dir;
+  CacheEntry e;
+  e.model_fingerprint = "";
+  e.mode = "replay";
+  for (const bool with_empty_section : {false, true}) {
+    if (with_empty_section) e.sections.push_back({"compressor_tail", 8, 0, {}});
+    write_cache_entry(dir / "e.dsv41kv", e);
+    std::string why;
+    const auto back = read_cache_entry(dir / "e.dsv41kv", "", &why);
+    ASSERT_TRUE(back.has_value()) << why;
+    expect_same(*back, e);
+  }
+}
+
+TEST(DiskCache, WritingLeavesNoTempFiles) {
+  ScratchDir dir;
+  write_cache_entry(dir / "a.dsv41kv", small_entry());
+  write_cache_entry(dir / "a.dsv41kv", big_entry());
+  write_cache_entry(dir / "b.dsv41kv", small_entry());
+  std::set<std::string> names;
+  for (const auto& item : fs::directory_iterator(dir.path())) names.insert(item.path().filename().string());
+  EXPECT_EQ(names, (std::set<std::string>{"a.dsv41kv", "b.dsv41kv"}));
+  // A write that cannot happen throws and leaves nothing behind either.
+  EXPECT_THROW(write_cache_entry(dir / "missing/c.dsv41kv", small_entry()), Error);
+  EXPECT_FALSE(fs::exists(dir / "missing"));
+}
+
+TEST(DiskCache, WriterRefusesEntriesTheReaderWouldRefuse) {
+  ScratchDir dir;
+  CacheEntry bad_mode = small_entry();
+  bad_mode.mode = "fuzzy";
+  CacheEntry unnamed = small_entry();
+  unnamed.sections[1].name.clear();
+  CacheEntry negative_token = small_entry();
+  negative_token.tokens[1] = -3;
+  CacheEntry bad_layer = small_entry();
+  bad_layer.sections[0].layer = -2;
+  CacheEntry bad_utf8 = small_entry();
+  bad_utf8.model_fingerprint = "\xff\xfe";
+  for (const CacheEntry* e : {&bad_mode, &unnamed, &negative_token, &bad_layer, &bad_utf8}) {
+    EXPECT_THROW(write_cache_entry(dir / "x.dsv41kv", *e), Error);
+  }
+  EXPECT_TRUE(fs::is_empty(dir.path()));
+}
+
+TEST(DiskCacheCorruption, MissingFile) {
+  ScratchDir dir;
+  EXPECT_NE(refusal(dir / "nothing.dsv41kv").find("no such file"), std::string::npos);
+  EXPECT_NE(refusal(dir.path()).find("not a regular file"), std::string::npos);
+}
+
+TEST(DiskCacheCorruption, EveryTruncationOfASmallEntry) {
+  ScratchDir dir;
+  write_cache_entry(dir / "full", small_entry());
+  const Bytes f = read_bytes(dir / "full");
+  const std::string path = dir / "cut.dsv41kv";
+  for (size_t n = 0; n < f.size(); ++n) {
+    write_bytes(path, f, n);
+    EXPECT_NE(refusal(path).find("truncated"), std::string::npos) << "cut at " << n;
+    std::vector<std::string> warnings;
+    EXPECT_TRUE(scan_cache_dir(dir.path(), kFp, &warnings).empty()) << "cut at " << n;
+    EXPECT_EQ(warnings.size(), 1u);
+  }
+}
+
+TEST(DiskCacheCorruption, TruncationAtBoundariesAndRandomPointsOfABigEntry) {
+  ScratchDir dir;
+  write_cache_entry(dir / "full", big_entry());
+  const Bytes f = read_bytes(dir / "full");
+  const Regions r = regions_of(f);
+  std::vector<size_t> cuts = {0, 1, 7, 8, 12, 15, 16, 17};
+  for (const size_t b : {r.header_end, r.tokens_end, r.body_end, r.logits_end}) cuts.insert(cuts.end(), {b - 1, b, b + 1});
+  cuts.push_back(r.size - 1);
+  std::mt19937 rng(11);
+  for (int i = 0; i < 40; ++i) cuts.push_back(rng() % f.size());
+  const std::string path = dir / "cut.dsv41kv";
+  for (const size_t n : cuts) {
+    ASSERT_LT(n, f.size());
+    write_bytes(path, f, n);
+    EXPECT_NE(refusal(path).find("truncated"), std::string::npos) << "cut at " << n;
+  }
+}
+
+TEST(DiskCacheCorruption, EveryFlippedBitPatternOfASmallEntryIsRefused) {
+  ScratchDir dir;
+  write_cache_entry(dir / "full", small_entry());
+  const Bytes f = read_bytes(dir / "full");
+  const std::string path = dir / "flip.dsv41kv";
+  for (size_t i = 0; i < f.size(); ++i) {
+    for (const uint8_t mask : {uint8_t{0x01}, uint8_t{0x80}, uint8_t{0xff}}) {
+      Bytes g = f;
+      g[i] ^= mask;
+      write_bytes(path, g);
+      EXPECT_FALSE(refusal(path).empty()) << "byte " << i << " mask " << int(mask);
+    }
+  }
+}
+
+TEST(DiskCacheCorruption, FlipsInEachRegionNameTheProblem) {
+  ScratchDir dir;
+  write_cache_entry(dir / "full", big_entry());
+  const Bytes f = read_bytes(dir / "full");
+  const Regions r = regions_of(f);
+  const std::string path = dir / "flip.dsv41kv";
+  const auto flipped = [&](size_t at, uint8_t mask) {
+    Bytes g = f;
+    g[at] ^= mask;
+    write_bytes(path, g);
+    return refusal(path);
+  };
+  // Low bits of token ids, section bytes, logits and the checksum itself: only the checksum sees them.
+  for (const size_t at : {r.header_end, r.tokens_end - 4, r.tokens_end, r.body_end - 1, r.body_end, r.logits_end - 2,
+                          r.logits_end, r.size - 1}) {
+    EXPECT_NE(flipped(at, 0x01).find("checksum mismatch"), std::string::npos) << "byte " << at;
+  }
+  // The sign bit of a token id is caught before the checksum.
+  EXPECT_NE(flipped(r.header_end + 3, 0x80).find("negative"), std::string::npos);
+  // Header bytes: the opening brace, a digit of a count, a letter of the fingerprint.
+  const std::string header(f.begin() + 16, f.begin() + static_cast<long>(r.header_end));
+  EXPECT_NE(flipped(16, 0x01).find("not valid JSON"), std::string::npos);
+  const size_t tokens_digit = 16 + header.find("\"tokens\":") + 9;
+  EXPECT_NE(flipped(tokens_digit, 0x01).find("header describes"), std::string::npos);
+  const size_t fp_letter = 16 + header.find(kFp);
+  EXPECT_NE(flipped(fp_letter, 0x01).find("different model"), std::string::npos);
+}
+
+TEST(DiskCacheCorruption, WrongMagicAndWrongVersion) {
+  ScratchDir dir;
+  write_cache_entry(dir / "full", small_entry());
+  const Bytes f = read_bytes(dir / "full");
+  const std::string path = dir / "x.dsv41kv";
+  Bytes g = f;
+  g[3] = 'X';
+  write_bytes(path, g);
+  EXPECT_NE(refusal(path).find("bad magic"), std::string::npos);
+  for (const uint8_t version : {uint8_t{0}, uint8_t{2}, uint8_t{0xff}}) {
+    g = f;
+    g[8] = version;  // nothing else fixed up: the version check must come first
+    write_bytes(path, g);
+    EXPECT_NE(refusal(path).find("format version " + std::to_string(version)), std::string::npos);
+  }
+  craft(path, good_header().dump(), kGoodPayload, 7);  // a correct checksum does not help
+  EXPECT_NE(refusal(path).find("format version 7"), std::string::npos);
+}
+
+TEST(DiskCacheCorruption, EntryOfAnotherModel) {
+  ScratchDir dir;
+  write_cache_entry(dir / "a.dsv41kv", small_entry());
+  const std::string why = refusal(dir / "a.dsv41kv", "some-other-model");
+  EXPECT_NE(why.find("different model"), std::string::npos) << why;
+  EXPECT_NE(why.find(kFp), std::string::npos) << why;
+}
+
+TEST(DiskCacheCorruption, InconsistentHeadersWithValidChecksums) {
+  ScratchDir dir;
+  const std::string path = dir / "c.dsv41kv";
+  craft(path, good_header().dump(), kGoodPayload);  // the control: the hand-made file itself is fine
+  std::string why;
+  const auto control = read_cache_entry(path, kFp, &why);
+  ASSERT_TRUE(control.has_value()) << why;
+  EXPECT_EQ(control->sections[1].bytes.size(), 6u);
+
+  struct Case {
+    const char* expect;
+    std::function<void(json&)> edit;
+    Bytes payload = kGoodPayload;
+  };
+  const std::vector<Case> cases = {
+      {"outside the body", [](json& h) { h["sections"][1]["offset"] = 400; }},
+      {"overlaps", [](json& h) { h["sections"][1]["offset"] = 2; }},
+      {"gap", [](json& h) { h["sections"][0]["size"] = 3; }},
+      {"'size' = -4", [](json& h) { h["sections"][0]["size"] = -4; }},
+      {"'offset' = 18446744073709551615", [](json& h) { h["sections"][1]["offset"] = UINT64_MAX; }},
+      {"cover 10 of 12", [](json& h) { h["body_bytes"] = 12; }, Bytes(24, 0)},
+      {"'tokens' = 1099511627776", [](json& h) { h["tokens"] = int64_t{1} << 40; }},
+      {"'logits' = -1", [](json& h) { h["logits"] = -1; }},
+      {"header describes", [](json& h) { h["tokens"] = 1250000; }},
+      {"trailing bytes", [](json&) {}, Bytes(30, 0)},
+      {"mode 'bogus'", [](json& h) { h["mode"] = "bogus"; }},
+      {"no string 'fingerprint'", [](json& h) { h.erase("fingerprint"); }},
+      {"no string 'fingerprint'", [](json& h) { h["fingerprint"] = 17; }},
+      {"no integer 'layer'", [](json& h) { h["sections"][0]["layer"] = "2"; }},
+      {"no integer 'size'", [](json& h) { h["sections"][0]["size"] = 4.0; }},
+      {"'layer' = -2", [](json& h) { h["sections"][0]["layer"] = -2; }},
+      {"empty name", [](json& h) { h["sections"][0]["name"] = ""; }},
+      {"no 'sections' array", [](json& h) { h["sections"] = json::object(); }},
+      {"section 1 is not a JSON object", [](json& h) { h["sections"][1] = 5; }},
+      {"not a JSON object", [](json& h) { h = json::array({h}); }},
+      {"negative", [](json&) {}, [] { Bytes p(22, 0); p[3] = 0x80; return p; }()},
+  };
+  for (const Case& c : cases) {
+    json h = good_header();
+    c.edit(h);
+    craft(path, h.dump(), c.payload);
+    EXPECT_NE(refusal(path).find(c.expect), std::string::npos) << c.expect << "\n" << refusal(path);
+  }
+  for (const auto& [text, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"{\"fingerprint\": ", "not valid JSON"},
+           {"", "not valid JSON"},
+           {std::string(100000, '['), "nests deeper"},
+           {"{\"pad\": \"[[[[[[[[[[[[\\\"\", \"x\": 1}", "no string 'fingerprint'"}}) {  // brackets in strings don't count
+    craft(path, text, kGoodPayload);
+    EXPECT_NE(refusal(path).find(expect), std::string::npos) << expect << "\n" << refusal(path);
+  }
+  // A header length field beyond the cap is refused before anything is allocated or read.
+  craft(path, good_header().dump(), kGoodPayload);
+  Bytes f = read_bytes(path);
+  const uint32_t huge = 0xfffffff0u;
+  std::memcpy(f.data() + 12, &huge, 4);
+  write_bytes(path, f);
+  EXPECT_NE(refusal(path).find("exceeds the 16 MiB cap"), std::string::npos);
+}
+
+TEST(DiskCacheScan, FindsGoodEntriesAndSkipsBadOnesWithWarnings) {
+  ScratchDir dir;
+  const CacheEntry small = small_entry(), big = big_entry();
+  const std::string small_name = cache_file_name(kFp, small.mode, small.tokens);
+  const std::string big_name = cache_file_name(kFp, big.mode, big.tokens);
+  write_cache_entry(dir / small_name, small);
+  write_cache_entry(dir / big_name, big);
+  const Bytes f = read_bytes(dir / big_name);
+  write_bytes(dir / "cut.dsv41kv", f, f.size() / 2);
+  write_bytes(dir / "junk.dsv41kv", Bytes(100, 'x'));
+  CacheEntry other = small;
+  other.model_fingerprint = "another-model";
+  write_cache_entry(dir / "other.dsv41kv", other);
+  fs::create_directory(dir / "folder.dsv41kv");
+  write_bytes(dir / "notes.txt", Bytes(10, 'n'));             // not an entry: ignored silently
+  write_bytes(dir / ".a.dsv41kv.tmp.1.0", Bytes(10, 't'));    // an unfinished write: ignored silently
+
+  std::vector<std::string> warnings;
+  const auto items = scan_cache_dir(dir.path(), kFp, &warnings);
+  ASSERT_EQ(items.size(), 2u);
+  const bool small_first = small_name < big_name;
+  const CacheIndexItem& s = items[small_first ? 0 : 1];
+  const CacheIndexItem& b = items[small_first ? 1 : 0];
+  EXPECT_EQ(s.path, dir / small_name);
+  EXPECT_EQ(s.tokens, small.tokens);
+  EXPECT_EQ(s.mode, "exact");
+  EXPECT_EQ(s.file_bytes, fs::file_size(dir / small_name));
+  EXPECT_EQ(b.tokens, big.tokens);
+  EXPECT_EQ(b.mode, "replay");
+  EXPECT_EQ(b.file_bytes, f.size());
+
+  ASSERT_EQ(warnings.size(), 4u);
+  std::string all;
+  for (const std::string& w : warnings) all += w + "\n";
+  for (const char* name : {"cut.dsv41kv", "junk.dsv41kv", "other.dsv41kv", "folder.dsv41kv"}) {
+    EXPECT_NE(all.find(dir / name), std::string::npos) << all;
+  }
+
+  // Scanning does not verify the checksum (the full read does): a flipped body byte is found by
+  // the scan and then refused by read_cache_entry.
+  Bytes g = f;
+  g[regions_of(f).body_end - 1] ^= 1;
+  write_bytes(dir / big_name, g);
+  warnings.clear();
+  EXPECT_EQ(scan_cache_dir(dir.path(), kFp, &warnings).size(), 2u);
+  EXPECT_NE(refusal(dir / big_name).find("checksum mismatch"), std::string::npos);
+
+  warnings.clear();
+  EXPECT_TRUE(scan_cache_dir(dir / "absent", kFp, &warnings).empty());
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("absent"), std::string::npos);
+}
+
+TEST(DiskCacheName, StableAndDistinct) {
+  const std::vector<int32_t> tokens = {1, 2, 3};
+  const std::string name = cache_file_name(kFp, "exact", tokens);
+  EXPECT_TRUE(std::regex_match(name, std::regex("[0-9a-f]{16}\\.dsv41kv"))) << name;
+  EXPECT_EQ(name, cache_file_name(kFp, "exact", {1, 2, 3}));
+  // Pinned: names must stay the same across builds, or every existing cache folder goes cold.
+  EXPECT_EQ(cache_file_name("fp", "exact", {1, 2, 3}), "PINNED");
+  std::set<std::string> names = {name,
+                                 cache_file_name(kFp, "replay", tokens),
+                                 cache_file_name(kFp + "x", "exact", tokens),
+                                 cache_file_name(kFp, "exact", {1, 2}),
+                                 cache_file_name(kFp, "exact", {1, 2, 3, 0}),
+                                 cache_file_name(kFp, "exact", {3, 2, 1}),
+                                 cache_file_name(kFp, "exact", {}),
+                                 cache_file_name("ab", "c", tokens),
+                                 cache_file_name("a", "bc", tokens)};
+  EXPECT_EQ(names.size(), 9u);
+}
+
+}  // namespace
+}  // namespace dsv41

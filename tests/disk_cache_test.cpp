@@ -289,7 +289,8 @@ TEST(DiskCacheCorruption, FlipsInEachRegionNameTheProblem) {
   const std::string header(f.begin() + 16, f.begin() + static_cast<long>(r.header_end));
   EXPECT_NE(flipped(16, 0x01).find("not valid JSON"), std::string::npos);
   const size_t tokens_digit = 16 + header.find("\"tokens\":") + 9;
-  EXPECT_NE(flipped(tokens_digit, 0x01).find("header describes"), std::string::npos);
+  EXPECT_NE(flipped(tokens_digit, 0x04).find("header describes"), std::string::npos);  // 3000 → 7000
+  EXPECT_NE(flipped(tokens_digit, 0x01).find("trailing bytes"), std::string::npos);    // 3000 → 2000
   const size_t fp_letter = 16 + header.find(kFp);
   EXPECT_NE(flipped(fp_letter, 0x01).find("different model"), std::string::npos);
 }
@@ -440,7 +441,7 @@ TEST(DiskCacheName, StableAndDistinct) {
   EXPECT_TRUE(std::regex_match(name, std::regex("[0-9a-f]{16}\\.dsv41kv"))) << name;
   EXPECT_EQ(name, cache_file_name(kFp, "exact", {1, 2, 3}));
   // Pinned: names must stay the same across builds, or every existing cache folder goes cold.
-  EXPECT_EQ(cache_file_name("fp", "exact", {1, 2, 3}), "PINNED");
+  EXPECT_EQ(cache_file_name("fp", "exact", {1, 2, 3}), "d78fabf07b392c01.dsv41kv");
   std::set<std::string> names = {name,
                                  cache_file_name(kFp, "replay", tokens),
                                  cache_file_name(kFp + "x", "exact", tokens),

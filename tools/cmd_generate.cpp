@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -11,6 +12,7 @@
 #include "commands.h"
 #include "io/safetensors_writer.h"
 #include "model/model.h"
+#include "runtime/prefix_cache.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "text/tokenizer.h"
@@ -35,6 +37,9 @@ constexpr const char* kHelp = R"(usage: dsv41 generate -m DIR (-p TEXT | --promp
                              last KV source only on the prompt's last window rows)
       --chunk N              prefill in calls of at most N tokens (default 512; bounds activation memory)
       --index-keys M         owner (default) or reference (the shipped decode behaviour)
+      --prompt-cache DIR     keep prompt prefixes' state in DIR and reuse it in later runs
+      --cache-mode M         exact (windows kept: bit-identical restore, default) or replay (only
+                             global KV kept; the last window tokens are re-run on a hit)
       --ignore-eos           keep generating after the end-of-sentence token
       --dump-logits FILE     write the float32 logits row of every sampled position:
                              "dsv41-logits v1 vocab=V rows=R\n" then R*V little-endian float32
@@ -76,6 +81,19 @@ double parse_number(const std::string& flag, const std::string& text) {
   return v;
 }
 
+// Measured bytes per token of the global state classes: the packed rows the sequence holds over its
+// length (page slack excluded), and their sum.
+nlohmann::json state_bytes_per_token(const SequenceState& st, int64_t length) {
+  double main = 0, keys = 0;
+  for (const auto& src : st.sources) {
+    if (!src) continue;
+    main += static_cast<double>(src->compressed.size() * static_cast<int64_t>(src->compressed.row_bytes()));
+    keys += static_cast<double>(src->index_keys.size() * static_cast<int64_t>(src->index_keys.row_bytes()));
+  }
+  const double n = static_cast<double>(std::max<int64_t>(length, 1));
+  return {{"main_kv", main / n}, {"index_keys", keys / n}, {"global", (main + keys) / n}};
+}
+
 // The process's peak resident memory so far, in MiB.
 double peak_rss_mb() {
   rusage u{};
@@ -96,7 +114,7 @@ int run_generate(int argc, char** argv) {
   }
   Args args("generate", argc, argv,
             {"--model", "--prompt", "--prompt-ids", "--n-predict", "--temp", "--top-p", "--seed", "--teacher-ids",
-             "--prefill-mode", "--chunk", "--index-keys", "--dump-logits"},
+             "--prefill-mode", "--chunk", "--index-keys", "--dump-logits", "--prompt-cache", "--cache-mode"},
             {"--json", "--ignore-eos", "--no-bos"}, {{"-m", "--model"}, {"-p", "--prompt"}, {"-n", "--n-predict"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
   const std::string dir = args.required("--model");
@@ -143,7 +161,16 @@ int run_generate(int argc, char** argv) {
   }
 
   StatePools pools(cfg, model->roles());
-  Session session(*model, pools, so);
+  std::unique_ptr<PrefixCache> cache;
+  const CacheMode cache_mode = parse_cache_mode(args.get("--cache-mode", "exact"));
+  if (args.has("--prompt-cache")) {
+    const std::string cache_dir = args.get("--prompt-cache");
+    std::error_code ec;
+    std::filesystem::create_directories(cache_dir, ec);
+    if (ec) fail("--prompt-cache", cache_dir + ": cannot create the folder: " + ec.message());
+    cache = std::make_unique<PrefixCache>(*model, pools, cache_mode, uint64_t{1} << 30, cache_dir, so.index_keys);
+  }
+  Session session(*model, pools, so, cache.get());
   const bool tty = isatty(fileno(stderr)) != 0;
   const auto t_prefill = std::chrono::steady_clock::now();
   std::vector<float> logits = session.prefill(prompt, [&](int64_t done, int64_t total) {
@@ -154,6 +181,7 @@ int run_generate(int argc, char** argv) {
     }
   });
   const double prefill_s = seconds_since(t_prefill);
+  for (const std::string& w : session.cache_hit().warnings) std::fprintf(stderr, "dsv41 generate: warning: %s\n", w.c_str());
 
   std::vector<int32_t> generated;
   std::vector<float> dump;
@@ -195,12 +223,20 @@ int run_generate(int argc, char** argv) {
         {"text", tokenizer.decode(generated)},
         {"prefill_mode", mode},
         {"peak_rss_mb", peak_rss_mb()},
+        {"cached_tokens", session.cache_hit().cached_tokens},
+        {"replayed_tokens", session.cache_hit().replayed_tokens},
+        {"cache_source", session.cache_hit().source},
+        {"state_bytes_per_token", state_bytes_per_token(session.state(), session.position())},
         {"timings",
          {{"prefill_s", prefill_s},
           {"decode_s", decode_s},
           {"prefill_tok_s", prefill_s > 0 ? static_cast<double>(prompt.size()) / prefill_s : 0.0},
           {"decode_tok_s", decode_s > 0 ? static_cast<double>(decode_calls) / decode_s : 0.0}}},
     };
+    if (session.cache_tokens_stored() > 0 && session.cache_bytes_written() > 0) {
+      j["disk_bytes_per_token"] = static_cast<double>(session.cache_bytes_written()) /
+                                  static_cast<double>(session.cache_tokens_stored());
+    }
     std::printf("%s\n", j.dump().c_str());
   }
   return 0;

@@ -227,7 +227,12 @@ void attention_forward(const ModelConfig& c, const LayerRole& r, const Attention
     if (r.kv_source) {
       KvSourceState& src = *st.sources[r.layer];
       int64_t first = 0, groups = 0;
-      std::vector<float> latent = compress(c, r, w, x, ctx, src, first, groups);
+      std::vector<float> latent;
+      if (!ctx.replay) {
+        latent = compress(c, r, w, x, ctx, src, first, groups);
+      } else if (src.compressed.size() < (ctx.start + ctx.count) / r.compress_ratio) {
+        fail("attention", "replay over positions whose compressed rows are not cached");
+      }
       if (groups > 0) {
         publish_index_keys(c, r, w, rope, latent, first, groups, src);
         st.last_index_keys_layer = r.layer;
@@ -241,7 +246,7 @@ void attention_forward(const ModelConfig& c, const LayerRole& r, const Attention
         }
         run_indexer(c, r, w, rope, x, qr.data(), st.sources[keys_layer]->index_keys, ctx);
       }
-      publish_rows(c, r, rope, latent, first, groups, src);
+      if (groups > 0) publish_rows(c, r, rope, latent, first, groups, src);
     } else if (r.index_source) {
       int keys_layer = ctx.index_keys == IndexKeysMode::Reference && st.last_index_keys_layer >= 0
                            ? st.last_index_keys_layer

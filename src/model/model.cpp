@@ -148,6 +148,7 @@ ForwardResult Model::forward(SequenceState& st, const std::vector<int32_t>& toke
   ctx.start = st.length;
   ctx.count = s;
   ctx.index_keys = opt.index_keys;
+  ctx.replay = opt.replay;
   ctx.topk.resize(roles_.size());
   ctx.topk_written.assign(roles_.size(), false);
   ctx.capture_index = opt.capture_index;
@@ -229,6 +230,13 @@ ForwardResult Model::forward(SequenceState& st, const std::vector<int32_t>& toke
   res.logits.resize(static_cast<size_t>(res.rows * V));
   linear_f32(y.data(), res.rows, weights_->head.view(), res.logits.data());
   return res;
+}
+
+std::vector<int64_t> Model::engram_history(const std::vector<int32_t>& tokens) const {
+  if (config().engram_layer_ids.empty()) return {};
+  const size_t keep = static_cast<size_t>(config().engram_max_ngram_size - 1);
+  const size_t from = tokens.size() > keep ? tokens.size() - keep : 0;
+  return hasher_.compress(std::vector<int32_t>(tokens.begin() + static_cast<long>(from), tokens.end()));
 }
 
 std::unique_ptr<Model> load_model(const std::string& dir) {

@@ -27,6 +27,9 @@ struct ForwardOptions {
   // A call that ends before tail_start produces no logits.
   int64_t tail_start = -1;
   bool capture_index = false;  // keep every index source's scores, selections and candidate pool
+  // Bounded replay (model-spec §5): the tokens are re-run only to rebuild windows; the global rows of
+  // these positions already exist and are read, never rewritten.
+  bool replay = false;
 };
 
 struct ForwardResult {
@@ -47,6 +50,9 @@ class Model {
 
   // A fresh sequence whose global rows live in `pools` (which must outlive it).
   SequenceState new_sequence(StatePools& pools) const;
+  // The Engram n-gram history after `tokens` (the compressed ids of the last max_ngram-1 of them).
+  std::vector<int64_t> engram_history(const std::vector<int32_t>& tokens) const;
+
   // Runs `tokens` at positions state.length.. and advances the state.
   ForwardResult forward(SequenceState& state, const std::vector<int32_t>& tokens, const ForwardOptions& options) const;
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/model.h"
+#include "runtime/prefix_cache.h"
 #include "state/state_pools.h"
 
 namespace dsv41 {
@@ -27,8 +28,10 @@ struct SessionOptions {
 
 class Session {
  public:
-  // The sequence's global rows live in `pools`, which must outlive the session.
-  Session(const Model& model, StatePools& pools, SessionOptions options);
+  // The sequence's global rows live in `pools`, which must outlive the session. With a prefix cache,
+  // the first prefill restores what the cache holds of the prompt and stores the prompt's state for
+  // later requests.
+  Session(const Model& model, StatePools& pools, SessionOptions options, PrefixCache* cache = nullptr);
 
   // Runs the prompt (appended to what the session already holds) and returns the logits at its last
   // position. `progress(done, total)` is called after every chunk.
@@ -38,6 +41,9 @@ class Session {
   std::vector<float> decode(int32_t token);
 
   int64_t position() const { return state_.length; }
+  const CacheHit& cache_hit() const { return hit_; }           // what the last prefill got from the cache
+  uint64_t cache_bytes_written() const { return disk_bytes_; }  // by the last prefill's store
+  int64_t cache_tokens_stored() const { return stored_tokens_; }
   const SequenceState& state() const { return state_; }
   const Model& model() const { return model_; }
 
@@ -45,6 +51,10 @@ class Session {
   const Model& model_;
   SessionOptions options_;
   SequenceState state_;
+  PrefixCache* cache_ = nullptr;
+  CacheHit hit_;
+  uint64_t disk_bytes_ = 0;
+  int64_t stored_tokens_ = 0;
 };
 
 }  // namespace dsv41

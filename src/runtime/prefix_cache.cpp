@@ -1,0 +1,326 @@
+#include "runtime/prefix_cache.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "state/disk_cache.h"
+#include "state/row_formats.h"
+#include "util/error.h"
+
+namespace dsv41 {
+
+CacheMode parse_cache_mode(const std::string& text) {
+  if (text == "exact") return CacheMode::Exact;
+  if (text == "replay") return CacheMode::Replay;
+  fail("--cache-mode", "must be exact or replay, got \"" + text + "\"");
+}
+
+const char* cache_mode_name(CacheMode mode) { return mode == CacheMode::Exact ? "exact" : "replay"; }
+
+// The short-lived state at a block boundary, kept only in exact mode.
+struct PrefixCache::Snapshot {
+  std::vector<std::vector<uint8_t>> window;  // per layer, packed ring
+  std::vector<int64_t> window_from;
+  std::vector<std::vector<float>> tail_kv, tail_score;  // per layer (ratio > 1 sources)
+  std::vector<int64_t> engram_recent;
+  int last_index_keys_layer = -1;
+  size_t bytes() const {
+    size_t n = window_from.size() * 8 + engram_recent.size() * 8;
+    for (const auto& w : window) n += w.size();
+    for (const auto& t : tail_kv) n += t.size() * 4;
+    for (const auto& t : tail_score) n += t.size() * 4;
+    return n;
+  }
+};
+
+namespace {
+
+template <typename T>
+std::vector<uint8_t> to_bytes(const std::vector<T>& v) {
+  std::vector<uint8_t> b(v.size() * sizeof(T));
+  if (!b.empty()) std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+template <typename T>
+bool from_bytes(const std::vector<uint8_t>& b, std::vector<T>& v) {
+  if (b.size() % sizeof(T) != 0) return false;
+  v.resize(b.size() / sizeof(T));
+  if (!b.empty()) std::memcpy(v.data(), b.data(), b.size());
+  return true;
+}
+
+const CacheSection* find_section(const CacheEntry& e, const std::string& name, int layer) {
+  for (const CacheSection& s : e.sections) {
+    if (s.name == name && s.layer == layer) return &s;
+  }
+  return nullptr;
+}
+
+// Rows [0, rows) of a paged class, copied into fresh pages of the same pool.
+bool load_rows(const CacheSection* s, int64_t rows, PagedRows& out) {
+  const size_t rb = out.row_bytes();
+  if (!s || s->bytes.size() % rb != 0 || static_cast<int64_t>(s->bytes.size() / rb) < rows) return false;
+  for (int64_t i = 0; i < rows; ++i) std::memcpy(out.append(), s->bytes.data() + i * rb, rb);
+  return true;
+}
+
+std::vector<uint8_t> rows_bytes(const PagedRows& rows) {
+  std::vector<uint8_t> b;
+  b.reserve(static_cast<size_t>(rows.size()) * rows.row_bytes());
+  for (int64_t i = 0; i < rows.size(); ++i) b.insert(b.end(), rows.row(i), rows.row(i) + rows.row_bytes());
+  return b;
+}
+
+}  // namespace
+
+PrefixCache::PrefixCache(const Model& model, StatePools& pools, CacheMode mode, uint64_t ram_budget_bytes,
+                         std::string disk_dir, IndexKeysMode index_keys)
+    : model_(model), pools_(pools), mode_(mode), ram_budget_(ram_budget_bytes), disk_dir_(std::move(disk_dir)),
+      index_keys_(index_keys), tree_(static_cast<size_t>(kTokensPerPage)) {
+  for (const LayerRole& r : model.roles()) {
+    if (r.kv_source) sources_.push_back(r.layer);
+  }
+}
+
+PrefixCache::~PrefixCache() { clear_ram(); }
+
+void PrefixCache::clear_ram() {
+  for (auto& [id, block] : blocks_) release(block);
+  blocks_.clear();
+  tree_.clear();
+}
+
+void PrefixCache::release(Block& b) {
+  for (size_t i = 0; i < sources_.size(); ++i) {
+    pools_.main_kv(sources_[i]).release(b.main_pages[i]);
+    pools_.index_keys(sources_[i]).release(b.key_pages[i]);
+  }
+  b.main_pages.clear();
+  b.key_pages.clear();
+}
+
+std::shared_ptr<const PrefixCache::Snapshot> PrefixCache::snapshot_of(const SequenceState& st) const {
+  auto s = std::make_shared<Snapshot>();
+  s->window = st.window;
+  s->window_from = st.window_from;
+  s->tail_kv.resize(st.sources.size());
+  s->tail_score.resize(st.sources.size());
+  for (int l : sources_) {
+    s->tail_kv[l] = st.sources[l]->tail_kv;
+    s->tail_score[l] = st.sources[l]->tail_score;
+  }
+  s->engram_recent = st.engram_recent;
+  s->last_index_keys_layer = st.last_index_keys_layer;
+  return s;
+}
+
+void PrefixCache::apply(const Snapshot& s, SequenceState& st) const {
+  st.window = s.window;
+  st.window_from = s.window_from;
+  for (int l : sources_) {
+    st.sources[l]->tail_kv = s.tail_kv[l];
+    st.sources[l]->tail_score = s.tail_score[l];
+  }
+  st.engram_recent = s.engram_recent;
+  st.last_index_keys_layer = s.last_index_keys_layer;
+}
+
+void PrefixCache::replay(const std::vector<int32_t>& prompt, int64_t boundary, SequenceState& st, int64_t tail_start,
+                         CacheHit& hit) const {
+  // Re-run the last `window` tokens before the boundary: enough to refill every window ring, and
+  // nothing older can be reached by a window. The global rows of these positions are read only.
+  const int64_t replayed = std::min<int64_t>(model_.config().window_size, boundary), start = boundary - replayed;
+  st.length = start;
+  std::fill(st.window_from.begin(), st.window_from.end(), start);
+  st.engram_recent = model_.engram_history(std::vector<int32_t>(prompt.begin(), prompt.begin() + start));
+  st.last_index_keys_layer = sources_.empty() ? -1 : sources_.back();
+  ForwardOptions opt;
+  opt.replay = true;
+  opt.index_keys = index_keys_;
+  opt.tail_start = tail_start;  // decoder windows only where the prompt's tail begins, as in tail mode
+  model_.forward(st, std::vector<int32_t>(prompt.begin() + start, prompt.begin() + boundary), opt);
+  hit.replayed_tokens = replayed;
+}
+
+CacheHit PrefixCache::restore(const std::vector<int32_t>& prompt, SequenceState& state, int64_t tail_start) {
+  CacheHit hit;
+  if (state.length != 0) fail("prefix cache", "restores only into a fresh sequence");
+  const int64_t limit = usable_boundary(static_cast<int64_t>(prompt.size()));
+  if (limit <= 0) return hit;
+
+  PrefixTree::Match m = tree_.match(prompt);
+  int64_t blocks = std::min(m.tokens, limit) / kTokensPerPage;
+  if (mode_ == CacheMode::Exact) {  // only a boundary with a snapshot restores bit-identically
+    while (blocks > 0 && !blocks_.at(m.path[blocks - 1]).snapshot) --blocks;
+  }
+  if (!disk_dir_.empty() && restore_from_disk(prompt, blocks * kTokensPerPage, state, hit)) return hit;
+  if (blocks == 0) return hit;
+
+  SequenceState st = model_.new_sequence(pools_);
+  for (size_t i = 0; i < sources_.size(); ++i) {
+    const int l = sources_[i];
+    std::vector<int32_t> main, keys;
+    for (int64_t k = 0; k < blocks; ++k) {
+      const Block& b = blocks_.at(m.path[k]);
+      pools_.main_kv(l).retain(b.main_pages[i]);
+      pools_.index_keys(l).retain(b.key_pages[i]);
+      main.push_back(b.main_pages[i]);
+      keys.push_back(b.key_pages[i]);
+    }
+    const int64_t rows = blocks * pools_.rows_per_page(l);
+    st.sources[l]->compressed = PagedRows::adopt(pools_.main_kv(l), st.sources[l]->compressed.row_bytes(), main, rows);
+    st.sources[l]->index_keys = PagedRows::adopt(pools_.index_keys(l), st.sources[l]->index_keys.row_bytes(), keys, rows);
+  }
+  const int64_t boundary = blocks * kTokensPerPage;
+  st.length = boundary;
+  m.path.resize(static_cast<size_t>(blocks));
+  m.nodes.resize(static_cast<size_t>(blocks));
+  tree_.touch(m, ++clock_);
+  if (mode_ == CacheMode::Exact) {
+    apply(*blocks_.at(m.path.back()).snapshot, st);
+  } else {
+    replay(prompt, boundary, st, tail_start, hit);
+  }
+  state = std::move(st);
+  hit.cached_tokens = boundary;
+  hit.source = "ram";
+  return hit;
+}
+
+bool PrefixCache::restore_from_disk(const std::vector<int32_t>& prompt, int64_t better_than, SequenceState& state,
+                                    CacheHit& hit) {
+  const std::string fp = config_fingerprint(model_.config());
+  const int64_t limit = usable_boundary(static_cast<int64_t>(prompt.size()));
+  const CacheIndexItem* best = nullptr;
+  int64_t best_tokens = better_than;
+  std::vector<CacheIndexItem> items = scan_cache_dir(disk_dir_, fp, &hit.warnings);
+  for (const CacheIndexItem& item : items) {
+    if (item.mode != cache_mode_name(mode_)) continue;
+    const int64_t n = static_cast<int64_t>(item.tokens.size());
+    const int64_t common = std::mismatch(item.tokens.begin(), item.tokens.end(), prompt.begin(),
+                                         prompt.begin() + std::min<int64_t>(n, static_cast<int64_t>(prompt.size())))
+                               .first - item.tokens.begin();
+    int64_t usable = 0;
+    if (mode_ == CacheMode::Exact) {
+      usable = common == n && n <= limit && n % kTokensPerPage == 0 ? n : 0;  // the snapshot's own boundary only
+    } else {
+      usable = std::min(common, limit) / kTokensPerPage * kTokensPerPage;
+    }
+    if (usable > best_tokens) {
+      best = &item;
+      best_tokens = usable;
+    }
+  }
+  if (!best) return false;
+  std::string why;
+  std::optional<CacheEntry> entry = read_cache_entry(best->path, fp, &why);
+  auto reject = [&](const std::string& reason) {
+    hit.warnings.push_back(reason + "; ignored, the prefix is recomputed");
+    return false;
+  };
+  if (!entry) return reject(why);
+  SequenceState st = model_.new_sequence(pools_);
+  for (int l : sources_) {
+    const int64_t rows = best_tokens / model_.config().compress_ratios[l];
+    if (!load_rows(find_section(*entry, "main_kv", l), rows, st.sources[l]->compressed) ||
+        !load_rows(find_section(*entry, "index_keys", l), rows, st.sources[l]->index_keys)) {
+      return reject(best->path + ": its rows do not fit this model");
+    }
+  }
+  st.length = best_tokens;
+  if (mode_ == CacheMode::Exact) {
+    Snapshot s;
+    const size_t layers = st.window.size();
+    s.window.resize(layers);
+    s.tail_kv.resize(layers);
+    s.tail_score.resize(layers);
+    bool ok = true;
+    for (size_t l = 0; l < layers; ++l) {
+      const CacheSection* w = find_section(*entry, "window", static_cast<int>(l));
+      if (w) s.window[l] = w->bytes;
+    }
+    for (int l : sources_) {
+      if (const CacheSection* t = find_section(*entry, "tail_kv", l)) ok = ok && from_bytes(t->bytes, s.tail_kv[l]);
+      if (const CacheSection* t = find_section(*entry, "tail_score", l)) ok = ok && from_bytes(t->bytes, s.tail_score[l]);
+    }
+    const CacheSection* from = find_section(*entry, "window_from", -1);
+    const CacheSection* recent = find_section(*entry, "engram_recent", -1);
+    const CacheSection* keys = find_section(*entry, "last_index_keys_layer", -1);
+    ok = ok && from && from_bytes(from->bytes, s.window_from) && s.window_from.size() == layers && recent &&
+         from_bytes(recent->bytes, s.engram_recent) && keys && keys->bytes.size() == 4;
+    const int64_t ring = model_.config().window_size * window_row_bytes(model_.config().head_dim);
+    for (const auto& w : s.window) ok = ok && (w.empty() || static_cast<int64_t>(w.size()) == ring);
+    if (!ok) return reject(best->path + ": its window snapshot does not fit this model");
+    std::memcpy(&s.last_index_keys_layer, keys->bytes.data(), 4);
+    apply(s, st);
+  } else {
+    replay(prompt, best_tokens, st, -1, hit);
+  }
+  state = std::move(st);
+  hit.cached_tokens = best_tokens;
+  hit.source = "disk";
+  return true;
+}
+
+uint64_t PrefixCache::store(const std::vector<int32_t>& tokens, const SequenceState& st) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (st.length != n || n <= 0 || n % kTokensPerPage != 0) {
+    fail("prefix cache", "stores whole blocks of " + std::to_string(kTokensPerPage) + " tokens at the sequence's end");
+  }
+  const int64_t blocks = n / kTokensPerPage;
+  std::shared_ptr<const Snapshot> snap = mode_ == CacheMode::Exact ? snapshot_of(st) : nullptr;
+  tree_.insert(
+      tokens, blocks,
+      [&](int64_t k) {
+        Block b;
+        for (int l : sources_) {
+          const int32_t mp = st.sources[l]->compressed.pages()[static_cast<size_t>(k)];
+          const int32_t kp = st.sources[l]->index_keys.pages()[static_cast<size_t>(k)];
+          pools_.main_kv(l).retain(mp);  // the block now keeps these pages alive
+          pools_.index_keys(l).retain(kp);
+          b.main_pages.push_back(mp);
+          b.key_pages.push_back(kp);
+          b.bytes += pools_.main_kv(l).page_bytes() + pools_.index_keys(l).page_bytes();
+        }
+        if (snap && k == blocks - 1) {
+          b.snapshot = snap;
+          b.bytes += snap->bytes();
+        }
+        const PrefixTree::EntryId id = next_entry_++;
+        blocks_.emplace(id, std::move(b));
+        return id;
+      },
+      [&](PrefixTree::EntryId id) { return blocks_.at(id).bytes; });
+  tree_.touch(tree_.match(tokens), ++clock_);
+  for (PrefixTree::EntryId id : tree_.evict_until(ram_budget_, [](PrefixTree::EntryId) { return true; })) {
+    release(blocks_.at(id));
+    blocks_.erase(id);
+  }
+  if (disk_dir_.empty()) return 0;
+
+  CacheEntry e;
+  e.model_fingerprint = config_fingerprint(model_.config());
+  e.mode = cache_mode_name(mode_);
+  e.tokens = tokens;
+  for (int l : sources_) {
+    e.sections.push_back({"main_kv", l, st.sources[l]->compressed.size(), rows_bytes(st.sources[l]->compressed)});
+    e.sections.push_back({"index_keys", l, st.sources[l]->index_keys.size(), rows_bytes(st.sources[l]->index_keys)});
+  }
+  if (mode_ == CacheMode::Exact) {
+    for (size_t l = 0; l < st.window.size(); ++l) {
+      if (!st.window[l].empty()) e.sections.push_back({"window", static_cast<int32_t>(l), 0, st.window[l]});
+    }
+    for (int l : sources_) {
+      if (st.sources[l]->tail_kv.empty()) continue;
+      e.sections.push_back({"tail_kv", l, 0, to_bytes(st.sources[l]->tail_kv)});
+      e.sections.push_back({"tail_score", l, 0, to_bytes(st.sources[l]->tail_score)});
+    }
+    e.sections.push_back({"window_from", -1, 0, to_bytes(st.window_from)});
+    e.sections.push_back({"engram_recent", -1, 0, to_bytes(st.engram_recent)});
+    e.sections.push_back({"last_index_keys_layer", -1, 0, to_bytes(std::vector<int32_t>{st.last_index_keys_layer})});
+  }
+  return write_cache_entry(disk_dir_ + "/" + cache_file_name(e.model_fingerprint, e.mode, tokens), e);
+}
+
+}  // namespace dsv41

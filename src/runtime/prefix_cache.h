@@ -1,0 +1,92 @@
+// The prefix cache (model-spec §5): prompts that start like an earlier one reuse its state instead of
+// being prefilled again. In RAM, a radix tree over 64-token blocks maps prompt prefixes to the pages
+// of global rows they produced (shared, reference-counted, copy-on-write); on disk, finished prefixes
+// are kept as verified files that a later process finds again.
+//
+// Two restore modes:
+//  - exact: the windows, compressor tails and the rest of the short-lived state at the block boundary
+//    are kept too, so the restored state is bit-identical to having prefilled the prefix;
+//  - replay (the V4.1 design): only the global rows are kept; on a hit the last `window` tokens before
+//    the boundary are re-run through the model to rebuild the encoder windows (the global rows are
+//    read, never rewritten) and the decoder windows are rebuilt from the prompt's tail, as in tail mode.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "model/model.h"
+#include "state/prefix_tree.h"
+#include "state/state_pools.h"
+
+namespace dsv41 {
+
+enum class CacheMode { Exact, Replay };
+CacheMode parse_cache_mode(const std::string& text);  // "exact" | "replay"
+const char* cache_mode_name(CacheMode mode);
+
+struct CacheHit {
+  int64_t cached_tokens = 0;    // prompt tokens whose state came from the cache
+  int64_t replayed_tokens = 0;  // tokens re-run to rebuild windows (replay mode)
+  std::string source = "none";  // "none", "ram" or "disk"
+  std::vector<std::string> warnings;  // cache files found unusable (corrupt, foreign, old) and skipped
+};
+
+class PrefixCache {
+ public:
+  // ram_budget_bytes bounds the pages and snapshots the RAM tier keeps (LRU over leaf blocks);
+  // disk_dir empty = no disk tier.
+  PrefixCache(const Model& model, StatePools& pools, CacheMode mode, uint64_t ram_budget_bytes, std::string disk_dir,
+              IndexKeysMode index_keys = IndexKeysMode::Owner);
+  ~PrefixCache();
+  PrefixCache(const PrefixCache&) = delete;
+  PrefixCache& operator=(const PrefixCache&) = delete;
+
+  CacheMode mode() const { return mode_; }
+  // The longest block boundary the cache may restore for a prompt of `n` tokens: at least one token
+  // is always computed, so the first sampled token has fresh logits.
+  static int64_t usable_boundary(int64_t n) { return ((n - 1) / kTokensPerPage) * kTokensPerPage; }
+
+  // Restores the longest usable cached prefix of `prompt` into `state` (a fresh sequence). In replay
+  // mode this runs the bounded replay; `tail_start` is where the prompt's tail (the decoder's rows)
+  // begins, -1 for the exact path.
+  CacheHit restore(const std::vector<int32_t>& prompt, SequenceState& state, int64_t tail_start);
+
+  // Records the state after `tokens` (state.length == tokens.size(), a multiple of kTokensPerPage) in
+  // RAM and, with a disk tier, in a file. Returns the bytes written to disk (0 without one).
+  uint64_t store(const std::vector<int32_t>& tokens, const SequenceState& state);
+
+  uint64_t ram_bytes() const { return tree_.bytes(); }
+  size_t ram_blocks() const { return blocks_.size(); }
+  void clear_ram();
+
+ private:
+  struct Snapshot;
+  struct Block {
+    std::vector<int32_t> main_pages, key_pages;  // one page per KV source, in source order
+    std::shared_ptr<const Snapshot> snapshot;    // exact mode: the state at this block's end
+    size_t bytes = 0;
+  };
+  void release(Block& block);
+  std::shared_ptr<const Snapshot> snapshot_of(const SequenceState& state) const;
+  void apply(const Snapshot& snap, SequenceState& state) const;
+  void replay(const std::vector<int32_t>& prompt, int64_t boundary, SequenceState& state, int64_t tail_start,
+              CacheHit& hit) const;
+  bool restore_from_disk(const std::vector<int32_t>& prompt, int64_t better_than, SequenceState& state, CacheHit& hit);
+
+  const Model& model_;
+  StatePools& pools_;
+  CacheMode mode_;
+  uint64_t ram_budget_;
+  std::string disk_dir_;
+  IndexKeysMode index_keys_;
+  std::vector<int> sources_;  // KV source layers, in order
+  PrefixTree tree_;
+  std::unordered_map<PrefixTree::EntryId, Block> blocks_;
+  PrefixTree::EntryId next_entry_ = 0;
+  uint64_t clock_ = 0;
+};
+
+}  // namespace dsv41

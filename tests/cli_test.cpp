@@ -239,3 +239,36 @@ TEST(CliGenerate, BadRequestsGetClearErrors) {
 
 }  // namespace
 }  // namespace dsv41
+
+namespace dsv41 {
+namespace {
+
+TEST(CliEngram, EveryTierGivesTheSameTokens) {
+  std::vector<nlohmann::json> out;
+  for (const char* tier : {"mmap", "ram", "pread"}) {
+    auto r = test::run_dsv41("generate -m " + test::tiny_model_dir() + " -p 'Hello there' -n 12 --json --engram " + tier);
+    ASSERT_EQ(r.status, 0) << r.out;
+    out.push_back(nlohmann::json::parse(r.out)["tokens"]);
+  }
+  EXPECT_EQ(out[0], out[1]);
+  EXPECT_EQ(out[0], out[2]);
+  auto bad = test::run_dsv41("generate -m " + test::tiny_model_dir() + " -p hi --engram disk");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("--engram: unknown Engram tier 'disk'"), std::string::npos) << bad.out;
+}
+
+TEST(CliBench, EngramScenarioReportsEachTier) {
+  auto r = test::run_dsv41("bench -m " + test::tiny_model_dir() + " --scenario engram --steps 50 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["engram"].size(), 3u);
+  for (const auto& t : j["engram"]) {
+    EXPECT_GT(t["us_per_step"].get<double>(), 0) << t;
+    EXPECT_EQ(t["rows_per_step"], 12);  // 2 Engram layers × 3 n-gram orders × 2 heads
+  }
+  auto bad = test::run_dsv41("bench -m " + test::tiny_model_dir() + " --scenario warp");
+  EXPECT_NE(bad.out.find("unknown scenario \"warp\""), std::string::npos) << bad.out;
+}
+
+}  // namespace
+}  // namespace dsv41

@@ -37,6 +37,8 @@ constexpr const char* kHelp = R"(usage: dsv41 generate -m DIR (-p TEXT | --promp
                              last KV source only on the prompt's last window rows)
       --chunk N              prefill in calls of at most N tokens (default 512; bounds activation memory)
       --index-keys M         owner (default) or reference (the shipped decode behaviour)
+      --engram T             where the Engram tables are read from: mmap (default), ram (loaded into
+                             memory) or pread (rows read from the file by I/O threads, fetched ahead)
       --prompt-cache DIR     keep prompt prefixes' state in DIR and reuse it in later runs
       --cache-mode M         exact (windows kept: bit-identical restore, default) or replay (only
                              global KV kept; the last window tokens are re-run on a hit)
@@ -114,7 +116,7 @@ int run_generate(int argc, char** argv) {
   }
   Args args("generate", argc, argv,
             {"--model", "--prompt", "--prompt-ids", "--n-predict", "--temp", "--top-p", "--seed", "--teacher-ids",
-             "--prefill-mode", "--chunk", "--index-keys", "--dump-logits", "--prompt-cache", "--cache-mode"},
+             "--prefill-mode", "--chunk", "--index-keys", "--dump-logits", "--prompt-cache", "--cache-mode", "--engram"},
             {"--json", "--ignore-eos", "--no-bos"}, {{"-m", "--model"}, {"-p", "--prompt"}, {"-n", "--n-predict"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
   const std::string dir = args.required("--model");
@@ -138,7 +140,7 @@ int run_generate(int argc, char** argv) {
   const int64_t n_predict = teacher ? static_cast<int64_t>(teacher_ids.size()) : args.get_int("--n-predict", 32, 0, 1 << 24);
   const bool json_out = args.has("--json");
 
-  auto model = load_model(dir);
+  auto model = load_model(dir, parse_engram_tier(args.get("--engram", "mmap")));
   const ModelConfig& cfg = model->config();
   Tokenizer tokenizer = Tokenizer::from_file(dir + "/tokenizer.json");
   std::vector<int32_t> prompt;

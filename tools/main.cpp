@@ -22,6 +22,7 @@ commands:
                                                 (presets: tiny, small, bench)
   generate -m DIR (-p TEXT | --prompt-ids IDS)  run the model: prefill, then sample or teacher-force
   logits-diff A B [--json]                      compare two --dump-logits files (max diff, KL, top-1)
+  bench -m DIR [--scenario engram] [--json]     measure the engine on a model
 
 'dsv41 <command> --help' describes a command.
 )";
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
     if (command == "make-tiny") return dsv41::cli::run_make_tiny(argc - 2, argv + 2);
     if (command == "generate") return dsv41::cli::run_generate(argc - 2, argv + 2);
     if (command == "logits-diff") return dsv41::cli::run_logits_diff(argc - 2, argv + 2);
+    if (command == "bench") return dsv41::cli::run_bench(argc - 2, argv + 2);
     std::fprintf(stderr, "dsv41: unknown command '%s'\n\n%s", command.c_str(), kUsage);
     return 2;
   } catch (const dsv41::Error& e) {

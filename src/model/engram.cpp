@@ -65,16 +65,15 @@ std::vector<int64_t> EngramHasher::row_ids(int slot, const std::vector<int64_t>&
   return out;
 }
 
-void engram_forward(const ModelConfig& c, const EngramWeights& w, const std::vector<int64_t>& ids, int64_t s, float* X) {
+void engram_forward(const ModelConfig& c, const EngramWeights& w, const uint8_t* codes, const uint8_t* scales,
+                    int64_t s, float* X) {
   const int64_t d = c.dim, hc = c.hc_mult, hd = c.engram_head_dim, cols = c.engram_hash_columns();
-  // gather and dequantize the rows: fp8 · 2^(e8m0 − 127) per 32 channels, to bf16
+  // dequantize the gathered rows: fp8 · 2^(e8m0 − 127) per 32 channels, to bf16
   std::vector<float> rows(static_cast<size_t>(s * cols * hd));
   for (int64_t i = 0; i < s * cols; ++i) {
-    const int64_t row = ids[i];
-    if (row < 0 || row >= w.rows) fail("engram", "row id " + std::to_string(row) + " outside the table");
     for (int64_t j = 0; j < hd; ++j) {
-      float scale = e8m0_to_f32(w.table_scale[row * (hd / 32) + j / 32]);
-      rows[i * hd + j] = round_bf16(e4m3_to_f32(w.table[row * hd + j]) * scale);
+      const float scale = e8m0_to_f32(scales[i * (hd / 32) + j / 32]);
+      rows[i * hd + j] = round_bf16(e4m3_to_f32(codes[i * hd + j]) * scale);
     }
   }
   std::vector<float> kv(static_cast<size_t>(s * (hc + 1) * d));

@@ -32,8 +32,9 @@ class EngramHasher {
   std::vector<EngramLayerConstants> layout_;
 };
 
-// X: [count, hc, dim] residual stream (bf16 values), updated in place.
-void engram_forward(const ModelConfig& config, const EngramWeights& w, const std::vector<int64_t>& row_ids,
+// X: [count, hc, dim] residual stream (bf16 values), updated in place. `codes` and `scales` are the
+// gathered table rows (count × hash columns of them) as EngramStore::gather returns them.
+void engram_forward(const ModelConfig& config, const EngramWeights& w, const uint8_t* codes, const uint8_t* scales,
                     int64_t count, float* X);
 
 }  // namespace dsv41

@@ -15,10 +15,12 @@ const char* role_name(AttnRole role) {
 }
 
 int late_layer_start(const ModelConfig& c) {
+  // Past the last KV source a prompt row only matters through the windows of later layers, so those
+  // layers can run on the prompt's tail alone. An Engram layer after it would change that (and its
+  // n-gram rows would go unfetched for skipped rows), so the tail also starts after the last one.
   int last = -1;
   for (int l : c.kv_source_layers) last = std::max(last, l);
-  // Engram layers also write into the stream that later layers' global state depends on only
-  // through the sources, so the sources alone decide where the prompt's tail may start.
+  for (int l : c.engram_layer_ids) last = std::max(last, l);
   return last + 1;
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "model/attention.h"
@@ -155,17 +156,42 @@ ForwardResult Model::forward(SequenceState& st, const std::vector<int32_t>& toke
   if (opt.capture_index) ctx.index_captures.resize(roles_.size());
 
   ForwardResult res;
-  // Engram row ids depend only on token ids, so they are computed once, up front.
+  // Engram row ids depend only on token ids, so they are computed up front and their rows fetched
+  // (asynchronously, with the pread tier) while the layers before each Engram layer run.
   std::vector<std::vector<int64_t>> engram_ids;
+  std::vector<EngramStore::Ticket> engram_tickets;
   if (!c.engram_layer_ids.empty()) {
     std::vector<int64_t> compressed = hasher_.compress(tokens);
     for (size_t slot = 0; slot < c.engram_layer_ids.size(); ++slot) {
       engram_ids.push_back(hasher_.row_ids(static_cast<int>(slot), st.engram_recent, compressed));
     }
+    // (Engram layers are never in the tail: late_layer_start is past the last one.)
+    for (size_t slot = 0; slot < c.engram_layer_ids.size(); ++slot) {
+      engram_tickets.push_back(weights_->layers[c.engram_layer_ids[slot]].engram->table->prefetch(engram_ids[slot]));
+    }
     st.engram_recent.insert(st.engram_recent.end(), compressed.begin(), compressed.end());
     const size_t keep = static_cast<size_t>(c.engram_max_ngram_size - 1);
     if (st.engram_recent.size() > keep) st.engram_recent.erase(st.engram_recent.begin(), st.engram_recent.end() - keep);
   }
+
+  // A fetch started above must be collected even if this call fails on the way.
+  std::vector<bool> gathered(engram_tickets.size(), false);
+  struct CollectFetches {
+    std::function<void()> run;
+    ~CollectFetches() { run(); }
+  } collect{[&] {
+    for (size_t slot = 0; slot < engram_tickets.size(); ++slot) {
+      if (gathered[slot]) continue;
+      EngramStore& t = *weights_->layers[c.engram_layer_ids[slot]].engram->table;
+      std::vector<uint8_t> codes(engram_ids[slot].size() * static_cast<size_t>(t.row_bytes()));
+      std::vector<uint8_t> scales(engram_ids[slot].size() * static_cast<size_t>(t.scale_bytes()));
+      try {
+        t.gather(engram_tickets[slot], codes.data(), scales.data());
+      } catch (const Error&) {
+        // the call is already failing; the fetch only had to be collected
+      }
+    }
+  }};
 
   // embedding, repeated into hc copies; the first pre is the identity collapse
   std::vector<float> X(static_cast<size_t>(s * hc * d));
@@ -200,8 +226,13 @@ ForwardResult Model::forward(SequenceState& st, const std::vector<int32_t>& toke
     if (r.engram) {
       size_t slot = 0;
       while (c.engram_layer_ids[slot] != layer) ++slot;
-      std::vector<int64_t> ids(engram_ids[slot].begin() + first * hasher_.columns(), engram_ids[slot].end());
-      engram_forward(c, *weights_->layers[layer].engram, ids, s - first, &X[first * hc * d]);
+      const EngramWeights& e = *weights_->layers[layer].engram;
+      const size_t n = engram_ids[slot].size();
+      std::vector<uint8_t> codes(n * static_cast<size_t>(e.table->row_bytes()));
+      std::vector<uint8_t> scales(n * static_cast<size_t>(e.table->scale_bytes()));
+      e.table->gather(engram_tickets[slot], codes.data(), scales.data());
+      gathered[slot] = true;
+      engram_forward(c, e, codes.data(), scales.data(), s - first, &X[first * hc * d]);
     }
     if (r.dspark_tap) {  // the block's input stream, averaged over copies in fp32, one bf16 rounding
       const int64_t n_taps = static_cast<int64_t>(c.dspark_target_layer_ids.size());
@@ -239,9 +270,9 @@ std::vector<int64_t> Model::engram_history(const std::vector<int32_t>& tokens) c
   return hasher_.compress(std::vector<int32_t>(tokens.begin() + static_cast<long>(from), tokens.end()));
 }
 
-std::unique_ptr<Model> load_model(const std::string& dir) {
+std::unique_ptr<Model> load_model(const std::string& dir, EngramTier engram_tier) {
   ModelConfig config = load_config(dir);
-  auto weights = std::make_shared<const ModelWeights>(dir, config);
+  auto weights = std::make_shared<const ModelWeights>(dir, config, engram_tier);
   const std::string tok_path = dir + "/tokenizer.json";
   std::ifstream in(tok_path, std::ios::binary);
   if (!in) fail(tok_path, "cannot be opened (the Engram token map is built from it)");

@@ -69,6 +69,6 @@ class Model {
 
 // Loads a model folder: config, weights (checked against the config) and the Engram token map
 // built from its tokenizer.json.
-std::unique_ptr<Model> load_model(const std::string& dir);
+std::unique_ptr<Model> load_model(const std::string& dir, EngramTier engram_tier = EngramTier::Mmap);
 
 }  // namespace dsv41

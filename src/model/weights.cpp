@@ -111,7 +111,7 @@ void bind_block(const Binder& b, const ModelConfig& c, const LayerRole& r, const
 
 }  // namespace
 
-ModelWeights::ModelWeights(const std::string& dir, const ModelConfig& config)
+ModelWeights::ModelWeights(const std::string& dir, const ModelConfig& config, EngramTier engram_tier)
     : config_(config), checkpoint_(std::make_unique<Checkpoint>(dir)) {
   check_checkpoint(*checkpoint_, config_);
   Binder b(*checkpoint_);
@@ -128,10 +128,8 @@ ModelWeights::ModelWeights(const std::string& dir, const ModelConfig& config)
     bind_block(b, config_, r, p, L);
     if (r.engram) {
       EngramWeights e;
-      const TensorView& t = checkpoint_->get(p + "engram.embed.weight");
-      e.table = t.data;
-      e.rows = t.shape()[0];
-      e.table_scale = checkpoint_->get(p + "engram.embed.scale").data;
+      e.table = std::make_shared<EngramStore>(checkpoint_->get(p + "engram.embed.weight"),
+                                              checkpoint_->get(p + "engram.embed.scale"), engram_tier);
       e.wkv = b.fp8(p + "engram.wkv");
       std::vector<float> q = b.bf16_as_f32(p + "engram.q_weight"), k = b.bf16_as_f32(p + "engram.k_weight");
       e.qk.resize(q.size());

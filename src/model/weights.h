@@ -13,6 +13,7 @@
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "kernels/kernels.h"
+#include "model/engram_store.h"
 
 namespace dsv41 {
 
@@ -47,9 +48,7 @@ struct MoeWeights {
 };
 
 struct EngramWeights {
-  const uint8_t* table = nullptr;        // F8_E4M3 [rows, head_dim]
-  const uint8_t* table_scale = nullptr;  // F8_E8M0 [rows, head_dim/32]
-  int64_t rows = 0;
+  std::shared_ptr<EngramStore> table;  // F8_E4M3 [rows, head_dim] rows + E8M0 [rows, head_dim/32] scales
   Fp8Matrix wkv;
   std::vector<float> qk;  // q_weight·k_weight in fp32, [hc, dim] (only the product is used)
 };
@@ -69,8 +68,9 @@ struct DsparkWeights {  // the extras of the first and last DSpark stages
 
 class ModelWeights {
  public:
-  // Opens the checkpoint in `dir`, checks every tensor against the config, binds the views.
-  ModelWeights(const std::string& dir, const ModelConfig& config);
+  // Opens the checkpoint in `dir`, checks every tensor against the config, binds the views; the
+  // Engram tables are served from `engram_tier` (model/engram_store.h).
+  ModelWeights(const std::string& dir, const ModelConfig& config, EngramTier engram_tier = EngramTier::Mmap);
   const ModelConfig& config() const { return config_; }
   const Checkpoint& checkpoint() const { return *checkpoint_; }
 

@@ -296,8 +296,13 @@ void attention_forward(const ModelConfig& c, const LayerRole& r, const Attention
     std::copy_n(&kv_packed[i * wrb], wrb, &ring[((ctx.start + i) % W) * wrb]);
   }
 
-  // 6. grouped O-LoRA: block-diagonal wo_a (bf16) per group, then wo_b
-  const int64_t G = c.o_groups, R = c.o_lora_rank, Kg = H * D / G;
+  output_projection(c, w, o.data(), s, out);
+  (void)d;
+}
+
+void output_projection(const ModelConfig& c, const AttentionWeights& w, const float* o, int64_t s, float* out) {
+  // grouped O-LoRA: block-diagonal wo_a (bf16) per group of heads, then wo_b over all groups
+  const int64_t H = c.n_heads, D = c.head_dim, G = c.o_groups, R = c.o_lora_rank, Kg = H * D / G;
   std::vector<float> og(static_cast<size_t>(s * G * R));
   for (int64_t i = 0; i < s; ++i) {
     for (int64_t g = 0; g < G; ++g) {
@@ -311,7 +316,6 @@ void attention_forward(const ModelConfig& c, const LayerRole& r, const Attention
     }
   }
   linear_fp8(og.data(), s, w.wo_b, out);
-  (void)d;
 }
 
 }  // namespace dsv41

@@ -20,4 +20,7 @@ void attention_forward(const ModelConfig& config, const LayerRole& role, const A
                        const RopeTable& rope, const float* x, ForwardContext& ctx, SequenceState& state,
                        float* out);
 
+// The attention output [count, heads·head_dim] (bf16 values) through the grouped O-LoRA: out[count, dim].
+void output_projection(const ModelConfig& config, const AttentionWeights& w, const float* o, int64_t count, float* out);
+
 }  // namespace dsv41

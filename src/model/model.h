@@ -47,6 +47,8 @@ class Model {
   const ModelConfig& config() const { return weights_->config(); }
   const std::vector<LayerRole>& roles() const { return roles_; }
   const ModelWeights& weights() const { return *weights_; }
+  // The rotary table of a layer: compress theta with YaRN for ratio > 0, the base theta otherwise.
+  const RopeTable& rope(int layer) const { return roles_[layer].compress_ratio > 0 ? rope_compressed_ : rope_window_; }
 
   // A fresh sequence whose global rows live in `pools` (which must outlive it).
   SequenceState new_sequence(StatePools& pools) const;

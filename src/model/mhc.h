@@ -1,0 +1,26 @@
+// The mHC residual stream (model-spec §3.2): hc_mult copies of the hidden state, mixed around every
+// sublayer by coefficients computed from the stream itself (Sinkhorn-normalised `comb`), with the
+// V4.1 single-pass handoff of `pre` from one sublayer to the next.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "io/config.h"
+
+namespace dsv41 {
+
+struct Mixes {
+  std::vector<float> pre, post, comb;  // [count, hc], [count, hc], [count, hc, hc]
+};
+
+// The coefficients of one sublayer for each token: one rsqrt over all hc·dim values of the token, a
+// (2+hc)·hc-wide fp32 projection, then Sinkhorn.
+Mixes hc_mixes(const ModelConfig& c, const float* X, int64_t count, const std::vector<float>& fn,
+               const std::vector<float>& scale, const std::vector<float>& base);
+// Collapse the copies with `pre` (fp32 sum, one bf16 rounding): y[count, dim].
+void hc_pre(const ModelConfig& c, const float* X, const float* pre, int64_t count, float* y);
+// Expand a sublayer output back: X'[k] = post[k]·y + Σ_j comb[j][k]·X[j], rounded to bf16.
+void hc_post(const ModelConfig& c, float* X, const float* y, const Mixes& m, int64_t count);
+
+}  // namespace dsv41

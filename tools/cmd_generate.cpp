@@ -14,6 +14,7 @@
 #include "model/model.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/sampler.h"
+#include "runtime/speculative.h"
 #include "runtime/session.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
@@ -37,6 +38,8 @@ constexpr const char* kHelp = R"(usage: dsv41 generate -m DIR (-p TEXT | --promp
                              last KV source only on the prompt's last window rows)
       --chunk N              prefill in calls of at most N tokens (default 512; bounds activation memory)
       --index-keys M         owner (default) or reference (the shipped decode behaviour)
+      --speculative dspark   draft with the model's DSpark blocks and verify the drafts in one forward
+      --draft-length N       drafts verified per step (default: adaptive, from the confidence head)
       --engram T             where the Engram tables are read from: mmap (default), ram (loaded into
                              memory) or pread (rows read from the file by I/O threads, fetched ahead)
       --prompt-cache DIR     keep prompt prefixes' state in DIR and reuse it in later runs
@@ -116,7 +119,7 @@ int run_generate(int argc, char** argv) {
   }
   Args args("generate", argc, argv,
             {"--model", "--prompt", "--prompt-ids", "--n-predict", "--temp", "--top-p", "--seed", "--teacher-ids",
-             "--prefill-mode", "--chunk", "--index-keys", "--dump-logits", "--prompt-cache", "--cache-mode", "--engram"},
+             "--prefill-mode", "--chunk", "--index-keys", "--dump-logits", "--prompt-cache", "--cache-mode", "--engram", "--speculative", "--draft-length"},
             {"--json", "--ignore-eos", "--no-bos"}, {{"-m", "--model"}, {"-p", "--prompt"}, {"-n", "--n-predict"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
   const std::string dir = args.required("--model");
@@ -173,6 +176,19 @@ int run_generate(int argc, char** argv) {
     cache = std::make_unique<PrefixCache>(*model, pools, cache_mode, uint64_t{1} << 30, cache_dir, so.index_keys);
   }
   Session session(*model, pools, so, cache.get());
+  const std::string spec_name = args.get("--speculative", "");
+  if (!spec_name.empty() && spec_name != "dspark") fail("--speculative", "the only method is dspark, got \"" + spec_name + "\"");
+  if (args.has("--draft-length") && spec_name.empty()) fail("--draft-length", "needs --speculative dspark");
+  if (!spec_name.empty() && teacher) fail("--speculative", "cannot be combined with --teacher-ids");
+  std::unique_ptr<Drafter> drafter;
+  std::unique_ptr<SpeculativeDecoder> spec;
+  if (!spec_name.empty()) {
+    drafter = std::make_unique<Drafter>(*model);
+    attach_drafter(session, *drafter);
+    SpeculativeOptions spo;
+    spo.fixed_length = static_cast<int>(args.get_int("--draft-length", 0, 1, drafter->block_size()));
+    spec = std::make_unique<SpeculativeDecoder>(session, *drafter, sampler, spo);
+  }
   const bool tty = isatty(fileno(stderr)) != 0;
   const auto t_prefill = std::chrono::steady_clock::now();
   std::vector<float> logits = session.prefill(prompt, [&](int64_t done, int64_t total) {
@@ -191,9 +207,9 @@ int run_generate(int argc, char** argv) {
   StreamDecoder stream(tokenizer);
   double decode_s = 0;
   int64_t decode_calls = 0;
-  for (int64_t k = 0; k < n_predict; ++k) {
-    if (want_dump) dump.insert(dump.end(), logits.begin(), logits.end());
-    const int32_t token = teacher ? teacher_ids[k] : sampler.sample(logits.data(), cfg.vocab_size);
+  // emits one token (and the logits row that chose it); false once generation must stop
+  auto emit = [&](int32_t token, const float* row) {
+    if (want_dump) dump.insert(dump.end(), row, row + cfg.vocab_size);
     generated.push_back(token);
     if (!json_out) {
       std::string piece = stream.push(token);
@@ -201,11 +217,28 @@ int run_generate(int argc, char** argv) {
       std::fflush(stdout);
     }
     const bool eos = !teacher && token == cfg.eos_token_id && !args.has("--ignore-eos");
-    if (eos || k + 1 == n_predict) break;
-    const auto t0 = std::chrono::steady_clock::now();
-    logits = session.decode(token);
-    decode_s += seconds_since(t0);
-    ++decode_calls;
+    return !eos && static_cast<int64_t>(generated.size()) < n_predict;
+  };
+  if (n_predict > 0) {
+    int32_t token = teacher ? teacher_ids[0] : sampler.sample(logits.data(), cfg.vocab_size);
+    bool more = emit(token, logits.data());
+    while (more) {
+      const auto t0 = std::chrono::steady_clock::now();
+      if (spec) {
+        SpeculativeDecoder::Step st = spec->step(token);
+        decode_s += seconds_since(t0);
+        for (size_t i = 0; i < st.tokens.size() && more; ++i) {
+          more = emit(st.tokens[i], &st.rows[i * static_cast<size_t>(cfg.vocab_size)]);
+          token = st.tokens[i];
+        }
+        continue;
+      }
+      logits = session.decode(token);
+      decode_s += seconds_since(t0);
+      ++decode_calls;
+      token = teacher ? teacher_ids[generated.size()] : sampler.sample(logits.data(), cfg.vocab_size);
+      more = emit(token, logits.data());
+    }
   }
   if (!json_out) {
     std::string rest = stream.flush() + "\n";
@@ -233,8 +266,18 @@ int run_generate(int argc, char** argv) {
          {{"prefill_s", prefill_s},
           {"decode_s", decode_s},
           {"prefill_tok_s", prefill_s > 0 ? static_cast<double>(prompt.size()) / prefill_s : 0.0},
-          {"decode_tok_s", decode_s > 0 ? static_cast<double>(decode_calls) / decode_s : 0.0}}},
+          {"decode_tok_s", decode_s > 0 ? static_cast<double>(generated.size() - 1) / decode_s : 0.0}}},
     };
+    if (spec) {
+      const SpeculativeStats& ss = spec->stats();
+      j["spec"] = {{"proposed", ss.proposed},
+                   {"accepted", ss.accepted},
+                   {"accepted_per_position", ss.accepted_per_position},
+                   {"mean_accept_len", ss.mean_accept_len()},
+                   {"target_forwards", ss.target_forwards},
+                   {"target_forwards_per_token",
+                    generated.size() > 1 ? static_cast<double>(ss.target_forwards) / static_cast<double>(generated.size() - 1) : 0.0}};
+    }
     if (session.cache_tokens_stored() > 0 && session.cache_bytes_written() > 0) {
       j["disk_bytes_per_token"] = static_cast<double>(session.cache_bytes_written()) /
                                   static_cast<double>(session.cache_tokens_stored());

@@ -23,7 +23,7 @@ void rms_rows(float* x, int64_t rows, int64_t n, const Bf16Tensor& w, float eps)
 // latent row. Returns the latents of the groups this call completes (before RoPE) and their group
 // indices; an incomplete group waits in the state's tail.
 std::vector<float> compress(const ModelConfig& c, const LayerRole& r, const AttentionWeights& w, const float* x,
-                            const ForwardContext& ctx, KvSourceState& src, int64_t& first_group, int64_t& groups) {
+                            ForwardContext& ctx, KvSourceState& src, int64_t& first_group, int64_t& groups) {
   const int64_t D = c.head_dim, d = c.dim, s = ctx.count, ratio = r.compress_ratio;
   first_group = ctx.start / ratio;
   groups = (ctx.start + s) / ratio - first_group;
@@ -35,6 +35,10 @@ std::vector<float> compress(const ModelConfig& c, const LayerRole& r, const Atte
     std::vector<float> kv(static_cast<size_t>(s * D)), score(static_cast<size_t>(s * D));
     linear_f32(x, s, w.comp_wkv.view(), kv.data());
     linear_f32(x, s, w.comp_wgate.view(), score.data());
+    if (ctx.record_compressor_rows) {
+      ctx.compressor_kv[r.layer] = kv;
+      ctx.compressor_score[r.layer] = score;
+    }
     if (src.tail_kv.empty()) {
       src.tail_kv.assign(static_cast<size_t>(ratio * D), 0.0f);
       src.tail_score.assign(static_cast<size_t>(ratio * D), kNegInf);

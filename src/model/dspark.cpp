@@ -31,7 +31,7 @@ std::vector<float> main_x(const Model& m, const float* taps, int64_t count) {
 // positions p+1.., the list = the ring's valid slots in slot order, then every draft row
 // (bidirectional within the block), the same for each query.
 void draft_attention(const Model& m, int layer, const float* x, int64_t B, int64_t p, const std::vector<uint8_t>& ring,
-                     float* out) {
+                     int64_t ring_from, float* out) {
   const ModelConfig& c = m.config();
   const AttentionWeights& w = m.weights().layers[layer].attn;
   const RopeTable& rope = m.rope(layer);
@@ -54,6 +54,8 @@ void draft_attention(const Model& m, int layer, const float* x, int64_t B, int64
   std::vector<float> ring_rows(static_cast<size_t>(valid * D));
   std::vector<const float*> rows;
   for (int64_t z = 0; z < valid; ++z) {
+    const int64_t pos = p - ((p - z) % W);  // the newest position held in slot z
+    if (pos < ring_from) continue;          // never observed (the sequence's start came from a cache)
     unpack_window_row(&ring[z * wrb], D, &ring_rows[z * D]);
     rows.push_back(&ring_rows[z * D]);
   }
@@ -81,6 +83,11 @@ void Drafter::observe(SequenceState& st, const std::vector<float>& taps, int64_t
   const int64_t n_taps = static_cast<int64_t>(c.dspark_target_layer_ids.size()), D = c.head_dim, W = c.window_size;
   if (static_cast<int64_t>(taps.size()) < (first_row + count) * n_taps * c.dim) fail("speculative", "missing target taps");
   std::vector<float> x = main_x(model_, &taps[first_row * n_taps * c.dim], count);
+  // a gap (a prefix restored from the cache, a tail-mode prompt) leaves older slots without rows
+  if (start != st.dspark_observed) {
+    for (int layer = c.n_layers; layer < c.total_layers(); ++layer) st.window_from[layer] = start;
+  }
+  st.dspark_observed = start + count;
   const int64_t wrb = window_row_bytes(D);
   std::vector<float> kv(static_cast<size_t>(count * D));
   for (int layer = c.n_layers; layer < c.total_layers(); ++layer) {
@@ -101,6 +108,7 @@ Draft Drafter::draft(const SequenceState& st, int32_t next, Sampler& sampler) co
   const ModelWeights& W = model_.weights();
   const int64_t B = c.dspark_block_size, d = c.dim, hc = c.hc_mult, V = c.vocab_size, p = st.length - 1;
   if (p < 0) fail("speculative", "drafting needs at least one processed token");
+  if (st.dspark_observed != st.length) fail("speculative", "the drafter has not observed every target position");
   // the block input: [next, noise × (B-1)] embedded into hc copies, identity pre
   std::vector<float> X(static_cast<size_t>(B * hc * d)), pre(static_cast<size_t>(B * hc), 0.0f);
   for (int64_t i = 0; i < B; ++i) {
@@ -116,7 +124,7 @@ Draft Drafter::draft(const SequenceState& st, int32_t next, Sampler& sampler) co
     hc_pre(c, X.data(), pre.data(), B, u.data());
     norm_rows(u.data(), B, d, L.attn_norm, c.norm_eps, u.data());
     if (st.window[layer].empty()) fail("speculative", "the drafter's ring is empty (observe the prompt first)");
-    draft_attention(model_, layer, u.data(), B, p, st.window[layer], y.data());
+    draft_attention(model_, layer, u.data(), B, p, st.window[layer], st.window_from[layer], y.data());
     hc_post(c, X.data(), y.data(), a, B);
     Mixes f = hc_mixes(c, X.data(), B, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base);
     hc_pre(c, X.data(), a.pre.data(), B, u.data());

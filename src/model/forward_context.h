@@ -36,6 +36,10 @@ struct ForwardContext {
   bool candidates_written = false;
   bool capture_index = false;
   std::vector<IndexCapture> index_captures;  // [layer], filled when capture_index
+  // Speculative verification: the projected rows every ratio>1 compressor received in this call, so
+  // a rollback can rebuild the compressor tails of the kept positions exactly.
+  bool record_compressor_rows = false;
+  std::vector<std::vector<float>> compressor_kv, compressor_score;  // [layer][count × head_dim]
 };
 
 }  // namespace dsv41

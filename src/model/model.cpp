@@ -90,6 +90,11 @@ ForwardResult Model::forward(SequenceState& st, const std::vector<int32_t>& toke
   ctx.count = s;
   ctx.index_keys = opt.index_keys;
   ctx.replay = opt.replay;
+  ctx.record_compressor_rows = opt.record_compressor_rows;
+  if (opt.record_compressor_rows) {
+    ctx.compressor_kv.resize(roles_.size());
+    ctx.compressor_score.resize(roles_.size());
+  }
   ctx.topk.resize(roles_.size());
   ctx.topk_written.assign(roles_.size(), false);
   ctx.capture_index = opt.capture_index;
@@ -175,6 +180,7 @@ ForwardResult Model::forward(SequenceState& st, const std::vector<int32_t>& toke
       engram_forward(c, e, codes.data(), scales.data(), s - first, &X[first * hc * d]);
     }
     if (r.dspark_tap) {  // the block's input stream, averaged over copies in fp32, one bf16 rounding
+      res.first_tap_row = first;
       const int64_t n_taps = static_cast<int64_t>(c.dspark_target_layer_ids.size());
       res.dspark_taps.resize(static_cast<size_t>(s * n_taps * d));
       for (int64_t i = first; i < s; ++i)
@@ -192,6 +198,8 @@ ForwardResult Model::forward(SequenceState& st, const std::vector<int32_t>& toke
 
   // head: collapse with the last FFN's pre, final norm, fp32 projection
   res.index = std::move(ctx.index_captures);
+  res.compressor_kv = std::move(ctx.compressor_kv);
+  res.compressor_score = std::move(ctx.compressor_score);
   if (late_first == s && late < c.n_layers) return res;  // no row reached the head
   const int64_t first_row = opt.all_logits ? late_first : s - 1;
   res.rows = s - first_row;

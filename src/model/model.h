@@ -30,6 +30,7 @@ struct ForwardOptions {
   // Bounded replay (model-spec §5): the tokens are re-run only to rebuild windows; the global rows of
   // these positions already exist and are read, never rewritten.
   bool replay = false;
+  bool record_compressor_rows = false;  // speculative verification (ForwardResult::compressor_*)
 };
 
 struct ForwardResult {
@@ -37,6 +38,8 @@ struct ForwardResult {
   int64_t rows = 0;
   std::vector<float> block_outputs;  // [n_layers, count, hc, dim] when captured
   std::vector<float> dspark_taps;    // [count, n_taps·dim]: mean over copies of the tapped layers' inputs
+  int64_t first_tap_row = 0;         // rows before it were not computed (tail mode)
+  std::vector<std::vector<float>> compressor_kv, compressor_score;  // when record_compressor_rows
   std::vector<IndexCapture> index;   // [layer] when capture_index
 };
 

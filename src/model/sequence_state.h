@@ -31,6 +31,7 @@ struct SequenceState {
   std::vector<std::unique_ptr<KvSourceState>> sources;  // per layer; only KV sources have one
   std::vector<int64_t> engram_recent;          // compressed ids of the last max_ngram-1 tokens, oldest first
   int last_index_keys_layer = -1;              // reference index-key mode: last layer that published keys
+  int64_t dspark_observed = 0;                 // the drafter's rings hold target positions up to this one
 };
 
 }  // namespace dsv41

@@ -37,8 +37,34 @@ double Sampler::uniform() {
   return static_cast<double>(result >> 11) * 0x1.0p-53;
 }
 
-int32_t Sampler::sample(const float* logits, int64_t vocab) {
-  if (params_.temperature == 0) return argmax(logits, vocab);
+std::vector<double> Sampler::distribution(const float* logits, int64_t vocab) {
+  std::vector<double> p(static_cast<size_t>(vocab), 0.0);
+  if (params_.temperature == 0) {
+    p[static_cast<size_t>(argmax(logits, vocab))] = 1.0;
+    return p;
+  }
+  sample_prepare(logits, vocab);
+  double kept = 0;
+  for (int64_t i = 0; i < keep_; ++i) kept += probs_[i];
+  for (int64_t i = 0; i < keep_; ++i) p[static_cast<size_t>(order_[i])] = probs_[i] / kept;
+  return p;
+}
+
+int32_t Sampler::draw(const std::vector<double>& w) {
+  double total = 0;
+  for (double x : w) total += x;
+  double u = uniform() * total;
+  int32_t last = 0;
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (w[i] <= 0) continue;
+    last = static_cast<int32_t>(i);
+    u -= w[i];
+    if (u < 0) return last;
+  }
+  return last;
+}
+
+void Sampler::sample_prepare(const float* logits, int64_t vocab) {
   // probabilities in double, most likely first
   order_.resize(static_cast<size_t>(vocab));
   std::iota(order_.begin(), order_.end(), 0);
@@ -48,17 +74,23 @@ int32_t Sampler::sample(const float* logits, int64_t vocab) {
   double sum = 0;
   for (int64_t i = 0; i < vocab; ++i) sum += probs_[i] = std::exp((logits[order_[i]] - mx) / params_.temperature);
   // nucleus: the shortest prefix whose mass reaches top_p
-  int64_t keep = vocab;
+  keep_ = vocab;
   if (params_.top_p < 1) {
     double cum = 0;
     for (int64_t i = 0; i < vocab; ++i) {
       cum += probs_[i] / sum;
       if (cum >= params_.top_p) {
-        keep = i + 1;
+        keep_ = i + 1;
         break;
       }
     }
   }
+}
+
+int32_t Sampler::sample(const float* logits, int64_t vocab) {
+  if (params_.temperature == 0) return argmax(logits, vocab);
+  sample_prepare(logits, vocab);
+  const int64_t keep = keep_;
   double kept = 0;
   for (int64_t i = 0; i < keep; ++i) kept += probs_[i];
   double u = uniform() * kept;

@@ -20,10 +20,18 @@ class Sampler {
   int32_t sample(const float* logits, int64_t vocab);
   const SamplingParams& params() const { return params_; }
 
- private:
+  // The distribution sample() draws from: softmax(logits / T) cut to the top-p nucleus and
+  // renormalised (one-hot at the argmax at temperature 0).
+  std::vector<double> distribution(const float* logits, int64_t vocab);
+  // A draw from a distribution over token ids (weights need not sum to 1).
+  int32_t draw(const std::vector<double>& weights);
   double uniform();  // [0, 1)
+
+ private:
+  void sample_prepare(const float* logits, int64_t vocab);  // fills order_, probs_, keep_
   SamplingParams params_;
   uint64_t state_[4];
+  int64_t keep_ = 0;
   std::vector<int32_t> order_;
   std::vector<double> probs_;
 };

@@ -31,6 +31,7 @@ std::vector<float> Session::prefill(const std::vector<int32_t>& tokens,
     hit_ = cache_->restore(tokens, state_, opt.tail_start);
     done = state_.length;
   }
+  history_.insert(history_.end(), tokens.begin(), tokens.end());
   // With a cache, one call ends exactly at the last block boundary so the state there can be stored.
   const int64_t store_at = caching ? PrefixCache::usable_boundary(n) : -1;
   std::vector<float> logits;
@@ -38,6 +39,7 @@ std::vector<float> Session::prefill(const std::vector<int32_t>& tokens,
     int64_t end = std::min(n, done + chunk);
     if (done < store_at && store_at < end) end = store_at;
     ForwardResult r = model_.forward(state_, {tokens.begin() + done, tokens.begin() + end}, opt);
+    if (observer_) observer_(state_, r, origin + done, end - done);
     done = end;
     if (done == n) logits = std::move(r.logits);
     if (done == store_at && store_at > hit_.cached_tokens) {
@@ -52,7 +54,10 @@ std::vector<float> Session::prefill(const std::vector<int32_t>& tokens,
 std::vector<float> Session::decode(int32_t token) {
   ForwardOptions opt;
   opt.index_keys = options_.index_keys;
-  return model_.forward(state_, {token}, opt).logits;
+  ForwardResult r = model_.forward(state_, {token}, opt);
+  history_.push_back(token);
+  if (observer_) observer_(state_, r, state_.length - 1, 1);
+  return std::move(r.logits);
 }
 
 }  // namespace dsv41

@@ -41,6 +41,15 @@ class Session {
   std::vector<float> decode(int32_t token);
 
   int64_t position() const { return state_.length; }
+  // Called after every target forward of this session with its result and the positions it ran.
+  using Observer = std::function<void(SequenceState&, const ForwardResult&, int64_t start, int64_t count)>;
+  void set_observer(Observer observer) { observer_ = std::move(observer); }
+  // Every token the session has run, in order (the prompt, then decoded tokens).
+  const std::vector<int32_t>& history() const { return history_; }
+  // For speculative decoding, which runs and rolls back the state itself.
+  SequenceState& mutable_state() { return state_; }
+  std::vector<int32_t>& mutable_history() { return history_; }
+  const SessionOptions& options() const { return options_; }
   const CacheHit& cache_hit() const { return hit_; }           // what the last prefill got from the cache
   uint64_t cache_bytes_written() const { return disk_bytes_; }  // by the last prefill's store
   int64_t cache_tokens_stored() const { return stored_tokens_; }
@@ -52,6 +61,8 @@ class Session {
   SessionOptions options_;
   SequenceState state_;
   PrefixCache* cache_ = nullptr;
+  Observer observer_;
+  std::vector<int32_t> history_;
   CacheHit hit_;
   uint64_t disk_bytes_ = 0;
   int64_t stored_tokens_ = 0;

@@ -1,0 +1,237 @@
+// Speculative decoding with DSpark: greedy output identical to plain decoding, forced drafts that are
+// accepted in full, in part or not at all, rollback leaving every state class as if the rejected tokens
+// had never run, and sampling that keeps the target's distribution.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "model/dspark.h"
+#include "runtime/speculative.h"
+#include "test_util.h"
+
+namespace dsv41 {
+namespace {
+
+const Model& tiny() {
+  static std::unique_ptr<Model> model = load_model(test::tiny_model_dir());
+  return *model;
+}
+
+std::vector<int32_t> ids(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = static_cast<int32_t>(rng() % 1000);
+  return v;
+}
+
+struct Decoded {
+  std::vector<int32_t> tokens;
+  std::vector<float> rows;
+  SpeculativeStats stats;
+};
+
+// Plain greedy decoding: n tokens after the prompt, and each token's logits row.
+Decoded plain(const std::vector<int32_t>& prompt, int n, SamplingParams sp = {}) {
+  const Model& m = tiny();
+  Session s(m, test::pools_for(m), {});
+  Sampler sampler(sp);
+  Decoded out;
+  std::vector<float> logits = s.prefill(prompt);
+  for (int i = 0; i < n; ++i) {
+    const int32_t t = sampler.sample(logits.data(), m.config().vocab_size);
+    out.tokens.push_back(t);
+    out.rows.insert(out.rows.end(), logits.begin(), logits.end());
+    if (i + 1 < n) logits = s.decode(t);
+  }
+  return out;
+}
+
+// The same with speculation; `check` runs after every step with the session.
+Decoded speculative(const std::vector<int32_t>& prompt, int n, SpeculativeOptions opt, SamplingParams sp = {},
+                const std::function<void(Session&)>& check = {}) {
+  const Model& m = tiny();
+  Drafter drafter(m);
+  Session s(m, test::pools_for(m), {});
+  attach_drafter(s, drafter);
+  Sampler sampler(sp);
+  SpeculativeDecoder spec(s, drafter, sampler, opt);
+  Decoded out;
+  std::vector<float> logits = s.prefill(prompt);
+  int32_t t = sampler.sample(logits.data(), m.config().vocab_size);
+  out.tokens.push_back(t);
+  out.rows = logits;
+  while (static_cast<int>(out.tokens.size()) < n) {
+    SpeculativeDecoder::Step st = spec.step(t);
+    if (check) check(s);
+    for (size_t i = 0; i < st.tokens.size() && static_cast<int>(out.tokens.size()) < n; ++i) {
+      out.tokens.push_back(st.tokens[i]);
+      out.rows.insert(out.rows.end(), st.rows.begin() + static_cast<long>(i) * m.config().vocab_size,
+                      st.rows.begin() + static_cast<long>(i + 1) * m.config().vocab_size);
+      t = st.tokens[i];
+    }
+  }
+  out.stats = spec.stats();
+  return out;
+}
+
+TEST(Speculative, GreedyMatchesPlainDecodingOnManyPrompts) {
+  for (uint32_t seed = 0; seed < 6; ++seed) {
+    const std::vector<int32_t> prompt = ids(5 + static_cast<int>(seed) * 13, seed);
+    Decoded a = plain(prompt, 30);
+    for (int length : {0, 2, 4}) {  // adaptive and fixed draft lengths
+      SpeculativeOptions opt;
+      opt.fixed_length = length;
+      Decoded b = speculative(prompt, 30, opt);
+      EXPECT_EQ(a.tokens, b.tokens) << "seed " << seed << " length " << length;
+      EXPECT_EQ(a.rows, b.rows) << "seed " << seed << " length " << length;
+    }
+  }
+}
+
+// Drafts forced to the target's own greedy continuation: everything is accepted, so each step emits
+// block_size + 1 tokens for one target forward.
+TEST(Speculative, PerfectDraftsAreAcceptedInFull) {
+  const std::vector<int32_t> prompt = ids(37, 11);
+  Decoded truth = plain(prompt, 60);
+  const int64_t start = static_cast<int64_t>(prompt.size());
+  SpeculativeOptions opt;
+  opt.force_drafts = [&](int64_t pos, const std::vector<int32_t>&) {
+    std::vector<int32_t> d;
+    for (int64_t i = pos - start + 1; i < static_cast<int64_t>(truth.tokens.size()) && d.size() < 4; ++i) d.push_back(truth.tokens[i]);
+    return d;
+  };
+  Decoded b = speculative(prompt, 60, opt);
+  EXPECT_EQ(b.tokens, truth.tokens);
+  EXPECT_EQ(b.rows, truth.rows);
+  EXPECT_EQ(b.stats.accepted, b.stats.proposed);
+  EXPECT_NEAR(b.stats.mean_accept_len(), 5.0, 0.5);
+  EXPECT_LT(b.stats.target_forwards, 15);
+}
+
+// Every state class the verify forward touched, compared with a plain run at the same length.
+void expect_same_state(const SequenceState& a, const SequenceState& b, const std::string& where) {
+  ASSERT_EQ(a.length, b.length) << where;
+  EXPECT_EQ(a.window, b.window) << where;  // every layer's ring, the drafter's included
+  EXPECT_EQ(a.window_from, b.window_from) << where;
+  EXPECT_EQ(a.engram_recent, b.engram_recent) << where;
+  EXPECT_EQ(a.last_index_keys_layer, b.last_index_keys_layer) << where;
+  EXPECT_EQ(a.dspark_observed, b.dspark_observed) << where;
+  for (size_t l = 0; l < a.sources.size(); ++l) {
+    if (!a.sources[l]) continue;
+    const KvSourceState &x = *a.sources[l], &y = *b.sources[l];
+    ASSERT_EQ(x.compressed.size(), y.compressed.size()) << where << " layer " << l;
+    ASSERT_EQ(x.index_keys.size(), y.index_keys.size()) << where << " layer " << l;
+    for (int64_t i = 0; i < x.compressed.size(); ++i) {
+      ASSERT_EQ(0, std::memcmp(x.compressed.row(i), y.compressed.row(i), x.compressed.row_bytes())) << where;
+      ASSERT_EQ(0, std::memcmp(x.index_keys.row(i), y.index_keys.row(i), x.index_keys.row_bytes())) << where;
+    }
+    EXPECT_EQ(x.tail_kv, y.tail_kv) << where << " layer " << l;
+    EXPECT_EQ(x.tail_score, y.tail_score) << where << " layer " << l;
+  }
+}
+
+// Drafts right up to position k and wrong from there, for every k: exactly k accepted per step, the
+// output unchanged, and after every rollback the state equals a plain run's. The prompt lengths make
+// the verify windows start on both sides of ratio-2 pairs and of 4-row candidate blocks.
+TEST(Speculative, RollbackAtEveryPositionRestoresEveryStateClass) {
+  const Model& m = tiny();
+  for (int prompt_len : {37, 38, 64}) {
+    const std::vector<int32_t> prompt = ids(prompt_len, 21);
+    Decoded truth = plain(prompt, 40);
+    const int64_t start = prompt_len;
+    for (int k = 0; k < 4; ++k) {
+      SpeculativeOptions opt;
+      opt.force_drafts = [&](int64_t pos, const std::vector<int32_t>&) {
+        std::vector<int32_t> d;
+        for (int64_t i = pos - start + 1; i < static_cast<int64_t>(truth.tokens.size()) && d.size() < 4; ++i) {
+          d.push_back(truth.tokens[i]);
+        }
+        if (static_cast<int>(d.size()) > k) d[k] = (d[k] + 1) % 1000;  // wrong from position k on
+        return d;
+      };
+      auto check = [&](Session& s) {
+        // a plain session run over exactly the tokens the speculative one kept
+        Drafter drafter(m);
+        Session ref(m, test::pools_for(m), {});
+        attach_drafter(ref, drafter);
+        const std::vector<int32_t>& h = s.history();
+        ref.prefill(prompt);
+        for (size_t i = prompt.size(); i < h.size(); ++i) ref.decode(h[i]);
+        expect_same_state(s.state(), ref.state(), "prompt " + std::to_string(prompt_len) + ", wrong at " + std::to_string(k));
+      };
+      Decoded b = speculative(prompt, 40, opt, {}, k == 1 || prompt_len == 37 ? check : std::function<void(Session&)>{});
+      EXPECT_EQ(b.tokens, truth.tokens) << prompt_len << " " << k;
+      EXPECT_EQ(b.rows, truth.rows) << prompt_len << " " << k;
+      EXPECT_EQ(b.stats.accepted, k * b.stats.steps - (k > 0 ? 1 : 0) * 0) << "every step accepts exactly k";
+    }
+  }
+}
+
+// The acceptance rule keeps the target's distribution: over many draws with the drafter's and the
+// target's real distributions from the tiny model (restricted to a slice of 8 tokens), the first
+// emitted token follows the target. Chi-square with 7 degrees of freedom at a false-alarm rate of
+// 0.1%: critical value 24.32.
+TEST(Speculative, RejectionSamplingPreservesTheTargetDistribution) {
+  const Model& m = tiny();
+  const int64_t V = m.config().vocab_size;
+  Session s(m, test::pools_for(m), {});
+  Drafter drafter(m);
+  attach_drafter(s, drafter);
+  std::vector<float> logits = s.prefill(ids(40, 31));
+  Sampler greedy(SamplingParams{});
+  Draft d = drafter.draft(s.state(), 5, greedy);
+  // the slice: the target's 8 most likely tokens; both distributions renormalised on it
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + 8, order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  auto restrict = [&](const float* l) {
+    std::vector<double> p(8);
+    double z = 0;
+    for (int i = 0; i < 8; ++i) z += p[i] = std::exp(static_cast<double>(l[order[i]] - l[order[0]]));
+    for (double& x : p) x /= z;
+    return p;
+  };
+  const std::vector<double> target = restrict(logits.data()), draft = restrict(d.logits.data());
+  double tv = 0;
+  for (int i = 0; i < 8; ++i) tv += std::fabs(target[i] - draft[i]) / 2;
+  ASSERT_GT(tv, 0.05);  // the two really differ, so acceptance and resampling both happen
+  const int trials = 40000;
+  std::vector<int> count(8, 0);
+  Sampler rng(SamplingParams{1.0, 1.0, 77});
+  int accepted = 0;
+  for (int t = 0; t < trials; ++t) {
+    const int32_t y = rng.draw(draft);
+    int32_t next = 0;
+    const int a = accept_drafts({target, target}, {draft}, {y}, rng, next);
+    accepted += a;
+    ++count[a == 1 ? y : next];
+  }
+  double chi2 = 0;
+  for (int i = 0; i < 8; ++i) {
+    const double e = target[i] * trials;
+    chi2 += (count[i] - e) * (count[i] - e) / e;
+  }
+  std::printf("[spec] chi-square %.2f (7 dof), acceptance rate %.3f, total variation %.3f\n", chi2,
+              static_cast<double>(accepted) / trials, tv);
+  EXPECT_LT(chi2, 24.32);
+  EXPECT_NEAR(static_cast<double>(accepted) / trials, 1 - tv, 0.02);  // the acceptance rate is 1 − TV
+}
+
+// With sampling on, speculation changes which random numbers are drawn but not what is sampled from:
+// statistics only; here, it runs, accepts some forced drafts and stops where told.
+TEST(Speculative, SamplingRunsWithForcedDrafts) {
+  SamplingParams sp{0.8, 0.95, 5};
+  const std::vector<int32_t> prompt = ids(20, 41);
+  Decoded a = plain(prompt, 25, sp);
+  SpeculativeOptions opt;
+  opt.force_drafts = [&](int64_t, const std::vector<int32_t>& drafted) { return drafted; };
+  Decoded b = speculative(prompt, 25, opt, sp);
+  EXPECT_EQ(b.tokens.size(), 25u);
+  EXPECT_EQ(a.tokens[0], b.tokens[0]);  // the first token comes from the prefill, before any draft
+}
+
+}  // namespace
+}  // namespace dsv41

@@ -40,6 +40,8 @@ constexpr const char* kHelp = R"(usage: dsv41 generate -m DIR (-p TEXT | --promp
       --index-keys M         owner (default) or reference (the shipped decode behaviour)
       --speculative dspark   draft with the model's DSpark blocks and verify the drafts in one forward
       --draft-length N       drafts verified per step (default: adaptive, from the confidence head)
+      --oracle-drafts LIST   measurement hook: replace the drafts with this continuation of the prompt
+                             (e.g. a previous greedy output), to measure verification at full acceptance
       --engram T             where the Engram tables are read from: mmap (default), ram (loaded into
                              memory) or pread (rows read from the file by I/O threads, fetched ahead)
       --prompt-cache DIR     keep prompt prefixes' state in DIR and reuse it in later runs
@@ -119,7 +121,7 @@ int run_generate(int argc, char** argv) {
   }
   Args args("generate", argc, argv,
             {"--model", "--prompt", "--prompt-ids", "--n-predict", "--temp", "--top-p", "--seed", "--teacher-ids",
-             "--prefill-mode", "--chunk", "--index-keys", "--dump-logits", "--prompt-cache", "--cache-mode", "--engram", "--speculative", "--draft-length"},
+             "--prefill-mode", "--chunk", "--index-keys", "--dump-logits", "--prompt-cache", "--cache-mode", "--engram", "--speculative", "--draft-length", "--oracle-drafts"},
             {"--json", "--ignore-eos", "--no-bos"}, {{"-m", "--model"}, {"-p", "--prompt"}, {"-n", "--n-predict"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
   const std::string dir = args.required("--model");
@@ -179,6 +181,7 @@ int run_generate(int argc, char** argv) {
   const std::string spec_name = args.get("--speculative", "");
   if (!spec_name.empty() && spec_name != "dspark") fail("--speculative", "the only method is dspark, got \"" + spec_name + "\"");
   if (args.has("--draft-length") && spec_name.empty()) fail("--draft-length", "needs --speculative dspark");
+  if (args.has("--oracle-drafts") && spec_name.empty()) fail("--oracle-drafts", "needs --speculative dspark");
   if (!spec_name.empty() && teacher) fail("--speculative", "cannot be combined with --teacher-ids");
   std::unique_ptr<Drafter> drafter;
   std::unique_ptr<SpeculativeDecoder> spec;
@@ -187,6 +190,18 @@ int run_generate(int argc, char** argv) {
     attach_drafter(session, *drafter);
     SpeculativeOptions spo;
     spo.fixed_length = static_cast<int>(args.get_int("--draft-length", 0, 1, drafter->block_size()));
+    if (args.has("--oracle-drafts")) {
+      const std::vector<int32_t> oracle = parse_ids("--oracle-drafts", args.get("--oracle-drafts"));
+      const int64_t start = static_cast<int64_t>(prompt.size()), block = drafter->block_size();
+      const int64_t length = spo.fixed_length > 0 ? spo.fixed_length : block;
+      spo.force_drafts = [oracle, start, length](int64_t pos, const std::vector<int32_t>&) {
+        std::vector<int32_t> d;  // the continuation after the token at `pos`
+        for (int64_t i = pos - start + 1; i < static_cast<int64_t>(oracle.size()) && static_cast<int64_t>(d.size()) < length; ++i) {
+          d.push_back(oracle[static_cast<size_t>(i)]);
+        }
+        return d;
+      };
+    }
     spec = std::make_unique<SpeculativeDecoder>(session, *drafter, sampler, spo);
   }
   const bool tty = isatty(fileno(stderr)) != 0;

@@ -11,44 +11,55 @@ Session::Session(const Model& model, StatePools& pools, SessionOptions options, 
   if (options_.chunk < 0) fail("chunk", "must be >= 0");
 }
 
-std::vector<float> Session::prefill(const std::vector<int32_t>& tokens,
-                                    const std::function<void(int64_t, int64_t)>& progress) {
+void Session::begin_prefill(const std::vector<int32_t>& tokens) {
   if (tokens.empty()) fail("prompt", "is empty");
+  if (prefill_pending()) fail("prefill", "the previous prompt is still being prefilled");
   const int64_t n = static_cast<int64_t>(tokens.size()), origin = state_.length;
-  const int64_t chunk = options_.chunk > 0 ? options_.chunk : kDefaultPrefillChunk;
-  ForwardOptions opt;
-  opt.index_keys = options_.index_keys;
+  pending_opt_ = {};
+  pending_opt_.index_keys = options_.index_keys;
   if (options_.prefill_mode == PrefillMode::Tail) {
     // CED: the layers after the last KV source only need the prompt's last `window` rows
-    opt.tail_start = std::max<int64_t>(origin, origin + n - model_.config().window_size);
+    pending_opt_.tail_start = std::max<int64_t>(origin, origin + n - model_.config().window_size);
   }
   hit_ = {};
   disk_bytes_ = 0;
   stored_tokens_ = 0;
   const bool caching = cache_ && origin == 0;
-  int64_t done = 0;
-  if (caching) {
-    hit_ = cache_->restore(tokens, state_, opt.tail_start);
-    done = state_.length;
-  }
-  history_.insert(history_.end(), tokens.begin(), tokens.end());
+  if (caching) hit_ = cache_->restore(tokens, state_, pending_opt_.tail_start);
   // With a cache, one call ends exactly at the last block boundary so the state there can be stored.
-  const int64_t store_at = caching ? PrefixCache::usable_boundary(n) : -1;
-  std::vector<float> logits;
-  while (done < n) {
-    int64_t end = std::min(n, done + chunk);
-    if (done < store_at && store_at < end) end = store_at;
-    ForwardResult r = model_.forward(state_, {tokens.begin() + done, tokens.begin() + end}, opt);
-    if (observer_) observer_(state_, r, origin + done, end - done);
-    done = end;
-    if (done == n) logits = std::move(r.logits);
-    if (done == store_at && store_at > hit_.cached_tokens) {
-      disk_bytes_ = cache_->store({tokens.begin(), tokens.begin() + store_at}, state_);
-      stored_tokens_ = store_at;
-    }
-    if (progress) progress(done, n);
+  store_at_ = caching ? PrefixCache::usable_boundary(n) : -1;
+  pending_ = tokens;
+  pending_origin_ = origin;
+  pending_done_ = state_.length - origin;
+  last_logits_.clear();
+  history_.insert(history_.end(), tokens.begin(), tokens.end());
+}
+
+int64_t Session::prefill_step(int64_t max_tokens) {
+  if (!prefill_pending()) return 0;
+  const int64_t n = static_cast<int64_t>(pending_.size()), done = pending_done_;
+  int64_t end = std::min(n, done + std::max<int64_t>(max_tokens, 1));
+  if (done < store_at_ && store_at_ < end) end = store_at_;
+  ForwardResult r = model_.forward(state_, {pending_.begin() + done, pending_.begin() + end}, pending_opt_);
+  if (observer_) observer_(state_, r, pending_origin_ + done, end - done);
+  pending_done_ = end;
+  if (end == n) last_logits_ = std::move(r.logits);
+  if (end == store_at_ && store_at_ > hit_.cached_tokens) {
+    disk_bytes_ = cache_->store({pending_.begin(), pending_.begin() + store_at_}, state_);
+    stored_tokens_ = store_at_;
   }
-  return logits;
+  return end - done;
+}
+
+std::vector<float> Session::prefill(const std::vector<int32_t>& tokens,
+                                    const std::function<void(int64_t, int64_t)>& progress) {
+  begin_prefill(tokens);
+  const int64_t chunk = options_.chunk > 0 ? options_.chunk : kDefaultPrefillChunk;
+  while (prefill_pending()) {
+    prefill_step(chunk);
+    if (progress) progress(pending_done_, static_cast<int64_t>(pending_.size()));
+  }
+  return last_logits_;
 }
 
 std::vector<float> Session::decode(int32_t token) {

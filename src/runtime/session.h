@@ -37,6 +37,15 @@ class Session {
   // position. `progress(done, total)` is called after every chunk.
   std::vector<float> prefill(const std::vector<int32_t>& tokens,
                              const std::function<void(int64_t, int64_t)>& progress = {});
+  // The same in steps, so a scheduler can interleave other sequences between them: begin_prefill
+  // restores what the cache holds, then every prefill_step runs at most `max_tokens` prompt tokens
+  // (returning how many it ran) until prefill_pending() is false and last_logits() holds the logits
+  // at the prompt's last position.
+  void begin_prefill(const std::vector<int32_t>& tokens);
+  bool prefill_pending() const { return pending_done_ < static_cast<int64_t>(pending_.size()); }
+  int64_t prefill_step(int64_t max_tokens);
+  const std::vector<float>& last_logits() const { return last_logits_; }
+
   // Appends one token and returns the logits that predict the next.
   std::vector<float> decode(int32_t token);
 
@@ -63,6 +72,11 @@ class Session {
   PrefixCache* cache_ = nullptr;
   Observer observer_;
   std::vector<int32_t> history_;
+  // the prompt being prefilled step by step
+  std::vector<int32_t> pending_;
+  int64_t pending_done_ = 0, pending_origin_ = 0, store_at_ = -1;
+  ForwardOptions pending_opt_;
+  std::vector<float> last_logits_;
   CacheHit hit_;
   uint64_t disk_bytes_ = 0;
   int64_t stored_tokens_ = 0;

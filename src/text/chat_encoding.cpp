@@ -175,7 +175,7 @@ struct Block {
 struct Call {
   std::string id;               // only used to order tool results
   std::string name;             // namespace-qualified ("ns::name") as rendered
-  const ojson* arguments;       // points into the request, which outlives rendering
+  const ojson* arguments = nullptr;  // points into the request, which outlives rendering
 };
 
 struct Msg {
@@ -394,8 +394,8 @@ std::vector<Msg> parse_messages(const ojson& list, const char* name, size_t firs
 // The index-0 system suffix for the request's tools (docs §3.1), after tool_choice filtering.
 std::string render_tools(const ojson& request) {
   const ojson* tools = find_key(request, "tools");
-  if (tools == nullptr) return "";
-  if (!tools->is_array()) fail("tools", "must be an array, got " + type_name(*tools));
+  if (tools != nullptr && !tools->is_array()) fail("tools", "must be an array, got " + type_name(*tools));
+  const size_t tool_count = tools == nullptr ? 0 : tools->size();
 
   std::optional<std::string> only;  // a named tool_choice
   bool none = false;
@@ -405,7 +405,7 @@ std::string render_tools(const ojson& request) {
       if (c == "none") {
         none = true;
       } else if (c == "required") {
-        if (tools->empty()) fail("tool_choice", "\"required\" needs at least one tool");
+        if (tool_count == 0) fail("tool_choice", "\"required\" needs at least one tool");
       } else if (c != "auto") {
         fail("tool_choice", "must be \"none\", \"auto\", \"required\" or a named function");
       }
@@ -421,7 +421,7 @@ std::string render_tools(const ojson& request) {
 
   std::vector<std::string> schemas;
   bool found_only = false;
-  for (size_t k = 0; k < tools->size(); ++k) {
+  for (size_t k = 0; k < tool_count; ++k) {
     const ojson& tool = (*tools)[k];
     const std::string where = "tools[" + std::to_string(k) + "]";
     if (!tool.is_object()) fail(where, "must be an object");
@@ -768,7 +768,11 @@ ChatPrompt render_chat(const nlohmann::ordered_json& request, const ChatOptions&
   const std::string response_format = render_response_format(request);
   if (!tools.empty() || !response_format.empty()) {
     std::vector<Msg>& head = context.empty() ? messages : context;
-    if (head.front().role != "system") head.insert(head.begin(), Msg{.role = "system"});
+    if (head.front().role != "system") {
+      Msg system;
+      system.role = "system";
+      head.insert(head.begin(), std::move(system));
+    }
     if (!tools.empty()) head.front().system_suffix += "\n\n" + tools;
     if (!response_format.empty()) head.front().system_suffix += "\n\n" + response_format;
     head.front().has_tools = !tools.empty();
@@ -790,6 +794,8 @@ ChatPrompt render_chat(const nlohmann::ordered_json& request, const ChatOptions&
     }
   }
 
+  // Only a final assistant turn (continued, or a complete history) leaves reasoning closed.
+  result.starts_in_reasoning = knobs.thinking && full.back().role != "assistant";
   if (options.add_bos && context_len == 0) result.text += kBosToken;
   for (size_t i = context_len; i < full.size(); ++i) result.text += render_message(full, i, knobs, drop, last_user);
   return result;

@@ -66,9 +66,11 @@ struct ChatOptions {
 
 struct ChatPrompt {
   std::string text;
-  // The mode rendered: true when the prompt ends in <think> territory, i.e. the output parser must
-  // start in reasoning.
-  bool thinking = false;
+  bool thinking = false;  // the mode rendered (thinking vs chat)
+  // Whether generation begins inside reasoning: thinking mode and the prompt ends with the open
+  // <think> header (possibly followed by a latest_reminder). False for chat mode and for a
+  // continued assistant turn, whose reasoning is already closed. Pass it to ChatOutputOptions.
+  bool starts_in_reasoning = false;
   // One record per <｜deepseek_image｜> of the rendered (non-context) messages, in prompt order:
   // {"type":"image","url":...} for image_url parts, or the source/url/data keys of image parts.
   std::vector<nlohmann::ordered_json> images;

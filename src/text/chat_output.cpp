@@ -4,7 +4,7 @@
 #include "text/chat_output.h"
 
 #include <algorithm>
-#include <initializer_list>
+#include <span>
 #include <utility>
 
 #include "text/chat_encoding.h"
@@ -95,7 +95,7 @@ class TagMatcher {
 
 // Length of the longest tail of `s` that is a proper prefix of one of `markers`. Every marker has
 // exactly one '<', at its start, so only the last '<' can begin such a tail.
-size_t partial_marker_length(std::string_view s, std::initializer_list<std::string_view> markers) {
+size_t partial_marker_length(std::string_view s, std::span<const std::string_view> markers) {
   const size_t lt = s.rfind('<');
   if (lt == std::string_view::npos) return 0;
   const std::string_view tail = s.substr(lt);
@@ -106,6 +106,11 @@ size_t partial_marker_length(std::string_view s, std::initializer_list<std::stri
 }
 
 bool all_space(std::string_view s) { return std::all_of(s.begin(), s.end(), is_space); }
+
+// Markers that end a run of text in each mode; each starts with its only '<'.
+constexpr std::string_view kReasoningMarkers[] = {kThinkClose, kThinkOpen, kDsmlCallsOpen, kEosToken};
+constexpr std::string_view kContentMarkers[] = {kThinkClose, kDsmlCallsOpen, kEosToken};
+constexpr std::string_view kValueMarkers[] = {kDsmlClosePrefix, kEosToken};
 
 }  // namespace
 
@@ -151,9 +156,8 @@ ChatDelta ChatOutputParser::run(bool final) {
 bool ChatOutputParser::step_text(bool final) {
   const std::string_view rest = std::string_view(buf_).substr(pos_);
   const bool reasoning = mode_ == Mode::Reasoning;
-  const std::initializer_list<std::string_view> markers =
-      reasoning ? std::initializer_list<std::string_view>{kThinkClose, kThinkOpen, kDsmlCallsOpen, kEosToken}
-                : std::initializer_list<std::string_view>{kThinkClose, kDsmlCallsOpen, kEosToken};
+  const std::span<const std::string_view> markers =
+      reasoning ? std::span<const std::string_view>(kReasoningMarkers) : std::span<const std::string_view>(kContentMarkers);
   size_t at = std::string_view::npos;
   std::string_view found;
   for (const std::string_view m : markers) {
@@ -330,7 +334,7 @@ bool ChatOutputParser::step_value(bool final) {
     end_block_early(pos_, true);
     return true;
   }
-  take(rest.substr(0, rest.size() - partial_marker_length(rest, {kDsmlClosePrefix, kEosToken})));
+  take(rest.substr(0, rest.size() - partial_marker_length(rest, kValueMarkers)));
   return false;
 }
 

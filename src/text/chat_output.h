@@ -58,7 +58,7 @@ struct ChatOutput {
 };
 
 struct ChatOutputOptions {
-  bool thinking = true;  // the prompt ended with <think> (ChatPrompt::thinking)
+  bool thinking = true;  // the output begins inside reasoning (ChatPrompt::starts_in_reasoning)
   // Mints the id of call `index` (0-based within this output); unset: "call_" + 24 random characters.
   std::function<std::string(size_t index)> make_call_id;
 };

@@ -1,0 +1,130 @@
+// cpuid + xgetbv feature detection (Intel SDM vol. 2A "CPUID", vol. 1 §13 "XSAVE-enabled features").
+#include "kernels/cpu_features.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#define DSV41_X86 1
+#endif
+
+namespace dsv41 {
+
+namespace {
+
+#if DSV41_X86
+// XCR0 says which register states the OS saves on a context switch: a CPU flag alone is not enough,
+// since using ymm/zmm registers the OS does not save would corrupt them across threads.
+unsigned long long xcr0() {
+  unsigned eax = 0, edx = 0;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+  return (static_cast<unsigned long long>(edx) << 32) | eax;
+}
+#endif
+
+CpuFeatures detect() {
+  CpuFeatures f;
+#if DSV41_X86
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool fma = (c & (1u << 12)) != 0;
+  const bool osxsave = (c & (1u << 27)) != 0;
+  const bool avx = (c & (1u << 28)) != 0;
+  const bool f16c = (c & (1u << 29)) != 0;
+  if (!osxsave || !avx) return f;
+  const unsigned long long xcr = xcr0();
+  const bool os_ymm = (xcr & 0x6) == 0x6;     // SSE + AVX state
+  const bool os_zmm = (xcr & 0xE6) == 0xE6;   // + opmask, upper zmm0-15, zmm16-31
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
+  const bool avx2 = (b & (1u << 5)) != 0;
+  const bool avx512f = (b & (1u << 16)) != 0;
+  const bool avx512dq = (b & (1u << 17)) != 0;
+  const bool avx512bw = (b & (1u << 30)) != 0;
+  const bool avx512vl = (b & (1u << 31)) != 0;
+  const unsigned max_sub = a;
+  bool bf16 = false;
+  if (max_sub >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) bf16 = (a & (1u << 5)) != 0;
+  f.avx2 = os_ymm && avx2 && fma && f16c;
+  f.avx512 = f.avx2 && os_zmm && avx512f && avx512dq && avx512bw && avx512vl;
+  f.avx512_bf16 = f.avx512 && bf16;
+#endif
+  return f;
+}
+
+Isa best(const CpuFeatures& f) {
+  if (f.avx512) return Isa::avx512;
+  if (f.avx2) return Isa::avx2;
+  return Isa::scalar;
+}
+
+Isa from_env() {
+  const Isa detected = best(cpu_features());
+  const char* env = std::getenv("DSV41_ISA");
+  if (env == nullptr || *env == '\0') return detected;
+  Isa want = detected;
+  if (std::strcmp(env, "scalar") == 0) {
+    want = Isa::scalar;
+  } else if (std::strcmp(env, "avx2") == 0) {
+    want = Isa::avx2;
+  } else if (std::strcmp(env, "avx512") == 0) {
+    want = Isa::avx512;
+  } else {
+    std::fprintf(stderr, "dsv41: DSV41_ISA=%s not understood (scalar, avx2, avx512); using %s\n", env,
+                 isa_name(detected));
+    return detected;
+  }
+  if (static_cast<int>(want) > static_cast<int>(detected)) {
+    std::fprintf(stderr, "dsv41: DSV41_ISA=%s is not supported by this CPU; using %s\n", env, isa_name(detected));
+    return detected;
+  }
+  return want;
+}
+
+// -1 until first use; then the active level. Relaxed is enough: every thread computes the same value.
+std::atomic<int> g_active{-1};
+
+}  // namespace
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures features = detect();
+  return features;
+}
+
+Isa detected_isa() { return best(cpu_features()); }
+
+bool isa_supported(Isa isa) { return static_cast<int>(isa) <= static_cast<int>(detected_isa()); }
+
+Isa active_isa() {
+  int v = g_active.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = static_cast<int>(from_env());
+    int expected = -1;
+    // A racing set_active_isa wins over the environment default.
+    if (!g_active.compare_exchange_strong(expected, v, std::memory_order_relaxed)) v = expected;
+  }
+  return static_cast<Isa>(v);
+}
+
+void set_active_isa(Isa isa) {
+  if (!isa_supported(isa)) isa = detected_isa();
+  g_active.store(static_cast<int>(isa), std::memory_order_relaxed);
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::avx512:
+      return "avx512";
+    case Isa::avx2:
+      return "avx2";
+    case Isa::scalar:
+      break;
+  }
+  return "scalar";
+}
+
+const char* isa_name() { return isa_name(active_isa()); }
+
+}  // namespace dsv41

@@ -1,0 +1,339 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "model/layer_roles.h"
+#include "model/model.h"
+#include "runtime/session.h"
+#include "state/state_graph.h"
+#include "util/error.h"
+
+namespace dsv41 {
+
+namespace {
+
+// log-softmax of a logits row (temperature 1), for logprobs
+std::vector<double> log_softmax(const std::vector<float>& logits) {
+  double mx = *std::max_element(logits.begin(), logits.end()), z = 0;
+  for (float v : logits) z += std::exp(v - mx);
+  const double lz = mx + std::log(z);
+  std::vector<double> out(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) out[i] = logits[i] - lz;
+  return out;
+}
+
+}  // namespace
+
+struct Engine::Impl {
+  struct Request {
+    uint64_t id = 0;
+    RequestParams params;
+    EventSink sink;
+    std::unique_ptr<Session> session;
+    std::unique_ptr<Sampler> sampler;
+    std::unique_ptr<StreamDecoder> decoder;
+    std::string held;       // decoded text not yet sent: it may be the start of a stop string
+    int64_t generated = 0;
+    int32_t last = -1;
+    uint64_t reserved_bytes = 0;
+    int64_t cached_tokens = 0;
+    bool started = false;   // its first token has been sampled
+    bool finished = false;  // its final event was sent
+  };
+
+  EngineOptions opt;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<StatePools> pools;
+  std::unique_ptr<PrefixCache> cache;
+  double bytes_per_token = 0;
+
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;
+  uint64_t next_id = 1;
+  std::deque<std::unique_ptr<Request>> queue;
+  std::vector<uint64_t> cancels;
+  EngineMetrics stats;  // under mu; the scheduler refreshes the gauges after every step
+  std::thread scheduler;
+
+  // scheduler-thread only
+  std::vector<std::unique_ptr<Request>> running;
+  uint64_t reserved = 0;
+
+  void loop();
+  void step();
+  bool admit_locked();
+  void finish(Request& r, const std::string& reason, const std::string& error = "");
+  bool emit(Request& r, int32_t token, const std::vector<float>& logits);
+};
+
+Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.opt = options;
+  if (options.parallel < 1) fail("--parallel", "must be at least 1");
+  if (options.prefill_chunk < 1) fail("prefill chunk", "must be at least 1");
+  m.model = load_model(options.model_dir, options.engram);
+  m.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_file(options.model_dir + "/tokenizer.json"));
+  const ModelConfig& c = m.model->config();
+  m.pools = std::make_unique<StatePools>(c, m.model->roles());
+  m.bytes_per_token = build_state_graph(c, m.model->roles()).global_bytes_per_token();
+  if (!options.prompt_cache_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(options.prompt_cache_dir, ec);
+    if (ec) fail(options.prompt_cache_dir, "cannot create the prompt-cache folder: " + ec.message());
+  }
+  m.cache = std::make_unique<PrefixCache>(*m.model, *m.pools, options.cache_mode, options.cache_ram_bytes,
+                                          options.prompt_cache_dir);
+  m.stats.kv_budget_bytes = options.kv_budget_bytes;
+  m.scheduler = std::thread([&m] { m.loop(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+  impl_->scheduler.join();
+}
+
+const Tokenizer& Engine::tokenizer() const { return *impl_->tokenizer; }
+const ModelConfig& Engine::config() const { return impl_->model->config(); }
+std::string Engine::model_name() const {
+  return std::filesystem::path(impl_->opt.model_dir).lexically_normal().filename().string();
+}
+
+uint64_t Engine::submit(RequestParams params, EventSink sink) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.model->config();
+  if (params.prompt.empty()) fail("prompt", "is empty");
+  if (params.max_tokens < 1) fail("max_tokens", "must be at least 1");
+  for (int32_t t : params.prompt) {
+    if (t < 0 || t >= c.vocab_size) fail("prompt", "token id " + std::to_string(t) + " is outside the vocabulary");
+  }
+  const int64_t total = static_cast<int64_t>(params.prompt.size()) + params.max_tokens;
+  if (total > c.max_seq_len) {
+    fail("max_tokens", "the prompt (" + std::to_string(params.prompt.size()) + " tokens) plus max_tokens (" +
+                           std::to_string(params.max_tokens) + ") exceeds the context of " + std::to_string(c.max_seq_len));
+  }
+  if (static_cast<double>(total + kTokensPerPage) * m.bytes_per_token > static_cast<double>(m.opt.kv_budget_bytes)) {
+    fail("max_tokens", "the request needs more KV memory than the server's whole budget");
+  }
+  Sampler probe(params.sampling);  // validates temperature and top_p
+  (void)probe;
+  auto r = std::make_unique<Impl::Request>();
+  r->params = std::move(params);
+  r->sink = std::move(sink);
+  std::lock_guard<std::mutex> lock(m.mu);
+  if (m.stopping) fail("engine", "is shutting down");
+  r->id = m.next_id++;
+  const uint64_t id = r->id;
+  m.queue.push_back(std::move(r));
+  ++m.stats.requests_total;
+  m.stats.requests_queued = m.queue.size();
+  m.cv.notify_all();
+  return id;
+}
+
+void Engine::cancel(uint64_t id) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->cancels.push_back(id);
+  impl_->cv.notify_all();
+}
+
+EngineMetrics Engine::metrics() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->stats;
+}
+
+void Engine::Impl::finish(Request& r, const std::string& reason, const std::string& error) {
+  r.finished = true;
+  r.session.reset();  // its pages go back to the pools (the prefix cache keeps what it stored)
+  TokenEvent e;
+  e.done = true;
+  e.finish_reason = reason;
+  e.error = error;
+  if (reason != "cancelled" && reason != "error") e.text = r.held;  // no stop string followed
+  e.prompt_tokens = static_cast<int64_t>(r.params.prompt.size());
+  e.completion_tokens = r.generated;
+  e.cached_tokens = r.cached_tokens;
+  r.sink(e);
+  std::lock_guard<std::mutex> lock(mu);
+  if (reason == "cancelled") {
+    ++stats.requests_cancelled;
+  } else if (reason == "error") {
+    ++stats.requests_failed;
+  } else {
+    ++stats.requests_finished;
+  }
+  stats.generation_tokens_total += static_cast<uint64_t>(r.generated);
+  stats.prompt_tokens_total += r.params.prompt.size();
+  stats.cached_tokens_total += static_cast<uint64_t>(e.cached_tokens);
+}
+
+// Sends one sampled token; returns false when the request is complete.
+bool Engine::Impl::emit(Request& r, int32_t token, const std::vector<float>& logits) {
+  const ModelConfig& c = model->config();
+  ++r.generated;
+  r.last = token;
+  if (token == c.eos_token_id && !r.params.ignore_eos) {
+    r.held += r.decoder->flush();
+    finish(r, "stop");
+    return false;
+  }
+  TokenEvent e;
+  e.token = token;
+  if (r.params.top_logprobs >= 0) {
+    std::vector<double> lp = log_softmax(logits);
+    e.logprob = lp[static_cast<size_t>(token)];
+    std::vector<int32_t> order(lp.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+    const size_t k = std::min(order.size(), static_cast<size_t>(r.params.top_logprobs));
+    std::partial_sort(order.begin(), order.begin() + static_cast<long>(k), order.end(),
+                      [&](int32_t a, int32_t b) { return lp[a] > lp[b]; });
+    for (size_t i = 0; i < k; ++i) e.top_logprobs.push_back({order[i], lp[static_cast<size_t>(order[i])]});
+  }
+  r.held += r.decoder->push(token);
+  // stop strings: end before the first one; hold back a tail that could still start one
+  size_t cut = std::string::npos, keep = 0;
+  for (const std::string& s : r.params.stop) {
+    if (s.empty()) continue;
+    cut = std::min(cut, r.held.find(s));
+    for (size_t l = std::min(s.size() - 1, r.held.size()); l > keep; --l) {
+      if (r.held.compare(r.held.size() - l, l, s, 0, l) == 0) {
+        keep = l;
+        break;
+      }
+    }
+  }
+  if (cut != std::string::npos) {
+    e.text = r.held.substr(0, cut);
+    r.held.clear();
+    r.sink(e);
+    finish(r, "stop");
+    return false;
+  }
+  e.text = r.held.substr(0, r.held.size() - keep);
+  r.held.erase(0, r.held.size() - keep);
+  r.sink(e);
+  if (r.generated >= r.params.max_tokens) {
+    r.held += r.decoder->flush();
+    finish(r, "length");
+    return false;
+  }
+  return true;
+}
+
+bool Engine::Impl::admit_locked() {
+  // admission by KV memory: what the running sequences may still grow to, plus the newcomer's worst
+  // case, must fit the budget (pages the prefix cache holds count as in use)
+  bool admitted = false;
+  while (!queue.empty() && running.size() < static_cast<size_t>(opt.parallel)) {
+    Request& r = *queue.front();
+    const uint64_t need = static_cast<uint64_t>(
+        static_cast<double>(static_cast<int64_t>(r.params.prompt.size()) + r.params.max_tokens + kTokensPerPage) *
+        bytes_per_token);
+    const uint64_t cached = cache->ram_bytes();
+    if (!running.empty() && reserved + cached + need > opt.kv_budget_bytes) {
+      if (cached > 0 && need + reserved <= opt.kv_budget_bytes) cache->clear_ram();  // make room
+      else break;  // wait for running sequences to finish
+    }
+    r.reserved_bytes = need;
+    reserved += need;
+    running.push_back(std::move(queue.front()));
+    queue.pop_front();
+    admitted = true;
+  }
+  return admitted;
+}
+
+void Engine::Impl::step() {
+  const int64_t V = model->config().vocab_size;
+  for (auto& rp : running) {
+    Request& r = *rp;
+    if (r.finished) continue;
+    if (!r.session) {
+      r.session = std::make_unique<Session>(*model, *pools, SessionOptions{}, cache.get());
+      r.sampler = std::make_unique<Sampler>(r.params.sampling);
+      r.decoder = std::make_unique<StreamDecoder>(*tokenizer);
+      r.session->begin_prefill(r.params.prompt);
+      r.cached_tokens = r.session->cache_hit().cached_tokens;
+    }
+    if (r.session->prefill_pending()) {
+      r.session->prefill_step(opt.prefill_chunk);
+      if (r.session->prefill_pending()) continue;
+    }
+    const std::vector<float> logits = r.started ? r.session->decode(r.last) : r.session->last_logits();
+    r.started = true;
+    const int32_t token = r.sampler->sample(logits.data(), V);
+    emit(r, token, logits);
+  }
+}
+
+void Engine::Impl::loop() {
+  for (;;) {
+    std::vector<uint64_t> cancel_now;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return stopping || !queue.empty() || !cancels.empty() || !running.empty(); });
+      if (stopping) break;
+      cancel_now.swap(cancels);
+      // cancelled while still queued
+      for (auto it = queue.begin(); it != queue.end();) {
+        if (std::find(cancel_now.begin(), cancel_now.end(), (*it)->id) != cancel_now.end()) {
+          auto r = std::move(*it);
+          it = queue.erase(it);
+          lock.unlock();
+          finish(*r, "cancelled");
+          lock.lock();
+        } else {
+          ++it;
+        }
+      }
+      admit_locked();
+      stats.requests_queued = queue.size();
+    }
+    for (auto& r : running) {
+      if (!r->finished && std::find(cancel_now.begin(), cancel_now.end(), r->id) != cancel_now.end()) {
+        finish(*r, "cancelled");
+      }
+    }
+    try {
+      step();
+    } catch (const std::exception& e) {
+      for (auto& r : running) {
+        if (!r->finished) finish(*r, "error", e.what());
+      }
+    }
+    const size_t batch = running.size();
+    running.erase(std::remove_if(running.begin(), running.end(),
+                                 [&](const std::unique_ptr<Request>& r) {
+                                   if (r->finished) reserved -= r->reserved_bytes;
+                                   return r->finished;
+                                 }),
+                  running.end());
+    std::lock_guard<std::mutex> lock(mu);
+    ++stats.steps_total;
+    stats.last_batch_size = batch;
+    stats.requests_running = running.size();
+    stats.kv_pages_in_use = pools->pages_in_use();
+    stats.kv_bytes_in_use = pools->bytes_in_use();
+  }
+  // shutting down: everyone still here is told
+  for (auto& r : running) {
+    if (!r->finished) finish(*r, "cancelled");
+  }
+  for (auto& r : queue) finish(*r, "cancelled");
+  running.clear();
+  queue.clear();
+}
+
+}  // namespace dsv41

@@ -1,0 +1,53 @@
+#include "server/metrics_text.h"
+
+namespace dsv41::server {
+namespace {
+
+void metric(std::string& out, const char* name, const char* type, const char* help, uint64_t value,
+            const char* labels = "") {
+  out += "# HELP ";
+  out += name;
+  out += ' ';
+  out += help;
+  out += "\n# TYPE ";
+  out += name;
+  out += ' ';
+  out += type;
+  out += '\n';
+  out += name;
+  out += labels;
+  out += ' ';
+  out += std::to_string(value);
+  out += '\n';
+}
+
+}  // namespace
+
+std::string render_metrics(const EngineMetrics& m, const HttpCounters& h) {
+  std::string out;
+  metric(out, "dsv41_requests_total", "counter", "Requests submitted to the engine.", m.requests_total);
+  metric(out, "dsv41_requests_finished_total", "counter", "Requests that ended with stop or length.", m.requests_finished);
+  metric(out, "dsv41_requests_cancelled_total", "counter", "Requests cancelled (client gone, shutdown).", m.requests_cancelled);
+  metric(out, "dsv41_requests_failed_total", "counter", "Requests the engine failed on.", m.requests_failed);
+  metric(out, "dsv41_requests_running", "gauge", "Requests in the running batch.", m.requests_running);
+  metric(out, "dsv41_requests_queued", "gauge", "Requests waiting for a slot or KV memory.", m.requests_queued);
+  metric(out, "dsv41_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", m.prompt_tokens_total);
+  metric(out, "dsv41_generation_tokens_total", "counter", "Tokens generated.", m.generation_tokens_total);
+  metric(out, "dsv41_cached_tokens_total", "counter", "Prompt tokens restored from the prefix cache.", m.cached_tokens_total);
+  metric(out, "dsv41_steps_total", "counter", "Scheduler steps run.", m.steps_total);
+  metric(out, "dsv41_batch_size", "gauge", "Sequences in the last scheduler step.", m.last_batch_size);
+  metric(out, "dsv41_kv_pages_in_use", "gauge", "KV pages allocated (running sequences and the prefix cache).", m.kv_pages_in_use);
+  metric(out, "dsv41_kv_bytes_in_use", "gauge", "Bytes of the KV pages allocated.", m.kv_bytes_in_use);
+  metric(out, "dsv41_kv_budget_bytes", "gauge", "The KV memory budget admission works within.", m.kv_budget_bytes);
+  out += "# HELP dsv41_http_responses_total HTTP responses sent, by status class.\n"
+         "# TYPE dsv41_http_responses_total counter\n";
+  out += "dsv41_http_responses_total{code=\"2xx\"} " + std::to_string(h.responses_2xx) + "\n";
+  out += "dsv41_http_responses_total{code=\"4xx\"} " + std::to_string(h.responses_4xx) + "\n";
+  out += "dsv41_http_responses_total{code=\"5xx\"} " + std::to_string(h.responses_5xx) + "\n";
+  metric(out, "dsv41_http_streams_open", "gauge", "Streaming responses being written.", h.streams_open);
+  metric(out, "dsv41_http_client_disconnects_total", "counter", "Streams ended by the client going away.",
+         h.client_disconnects);
+  return out;
+}
+
+}  // namespace dsv41::server

@@ -1,0 +1,319 @@
+#include "server/openai_api.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "util/error.h"
+
+namespace dsv41::server {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+std::string kind(const ojson& v) {
+  if (v.is_number_integer()) return "integer";
+  return v.type_name();
+}
+
+// A present, non-null field, or nullptr: OpenAI clients send null for "not set".
+const ojson* field(const ojson& body, const char* key) {
+  auto it = body.find(key);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+bool get_bool(const ojson& body, const char* key, bool fallback) {
+  const ojson* v = field(body, key);
+  if (v == nullptr) return fallback;
+  if (!v->is_boolean()) throw invalid_request(key, std::string(key) + " must be a boolean, got " + kind(*v));
+  return v->get<bool>();
+}
+
+double get_number(const ojson& body, const char* key, double fallback, double lo, double hi, bool lo_open = false) {
+  const ojson* v = field(body, key);
+  if (v == nullptr) return fallback;
+  if (!v->is_number()) throw invalid_request(key, std::string(key) + " must be a number, got " + kind(*v));
+  const double x = v->get<double>();
+  if (!(lo_open ? x > lo : x >= lo) || !(x <= hi)) {
+    throw invalid_request(key, std::string(key) + " must be in " + (lo_open ? "(" : "[") + std::to_string(lo) +
+                                   ", " + std::to_string(hi) + "], got " + v->dump());
+  }
+  return x;
+}
+
+// An integer field; integral floats (100.0) are accepted since some JSON writers produce them.
+bool integer_of(const ojson& v, int64_t& out) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
+    out = static_cast<int64_t>(u);
+    return true;
+  }
+  if (v.is_number_integer()) {
+    out = v.get<int64_t>();
+    return true;
+  }
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (std::floor(d) != d || std::fabs(d) > 9.0e15) return false;
+    out = static_cast<int64_t>(d);
+    return true;
+  }
+  return false;
+}
+
+int64_t require_integer(const ojson& v, const std::string& key) {
+  int64_t out = 0;
+  if (!integer_of(v, out)) throw invalid_request(key, key + " must be an integer, got " + (v.is_number() ? v.dump() : kind(v)));
+  return out;
+}
+
+void check_model(const ojson& body, const ModelInfo& model, ApiRequest& req) {
+  req.model = model.name;
+  const ojson* v = field(body, "model");
+  if (v == nullptr) return;
+  if (!v->is_string()) throw invalid_request("model", "model must be a string, got " + kind(*v));
+  const std::string name = v->get<std::string>();
+  if (name != model.name) {
+    throw ApiError(404, "invalid_request_error",
+                   "The model `" + name + "` does not exist; this server serves `" + model.name + "`", "model",
+                   "model_not_found");
+  }
+}
+
+void parse_common(const ojson& body, ApiRequest& req) {
+  if (const ojson* n = field(body, "n")) {
+    if (require_integer(*n, "n") != 1) throw invalid_request("n", "n must be 1: one choice per request is supported");
+  }
+  req.stream = get_bool(body, "stream", false);
+  if (const ojson* so = field(body, "stream_options")) {
+    if (!req.stream) throw invalid_request("stream_options", "stream_options is only allowed when stream is true");
+    if (!so->is_object()) throw invalid_request("stream_options", "stream_options must be an object, got " + kind(*so));
+    req.include_usage = get_bool(*so, "include_usage", false);
+  }
+
+  SamplingParams& sp = req.params.sampling;
+  sp.temperature = get_number(body, "temperature", 1.0, 0.0, 2.0);
+  sp.top_p = get_number(body, "top_p", 1.0, 0.0, 1.0, /*lo_open=*/true);
+  if (const ojson* seed = field(body, "seed")) {
+    sp.seed = static_cast<uint64_t>(require_integer(*seed, "seed"));  // negative seeds wrap, still deterministic
+  } else {
+    static thread_local std::mt19937_64 rng{std::random_device{}()};
+    sp.seed = rng();
+  }
+  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
+    if (get_number(body, key, 0.0, -2.0, 2.0) != 0.0) {
+      throw invalid_request(key, std::string(key) + " is not supported (only 0)");
+    }
+  }
+  if (const ojson* bias = field(body, "logit_bias")) {
+    if (!bias->is_object() || !bias->empty()) throw invalid_request("logit_bias", "logit_bias is not supported (only {})");
+  }
+  req.params.ignore_eos = get_bool(body, "ignore_eos", false);
+
+  if (const ojson* stop = field(body, "stop")) {
+    std::vector<std::string> list;
+    if (stop->is_string()) {
+      list.push_back(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      if (stop->size() > kMaxStopSequences) {
+        throw invalid_request("stop", "stop holds at most " + std::to_string(kMaxStopSequences) + " sequences");
+      }
+      for (const ojson& s : *stop) {
+        if (!s.is_string()) throw invalid_request("stop", "stop must hold strings, got " + kind(s));
+        list.push_back(s.get<std::string>());
+      }
+    } else {
+      throw invalid_request("stop", "stop must be a string or an array of strings, got " + kind(*stop));
+    }
+    for (const std::string& s : list) {
+      if (s.empty()) throw invalid_request("stop", "stop sequences must not be empty");
+    }
+    req.params.stop = std::move(list);
+  }
+}
+
+void parse_chat(const ojson& body, const ModelInfo& model, ApiRequest& req) {
+  const ojson* messages = field(body, "messages");
+  if (messages == nullptr) throw invalid_request("messages", "messages is required");
+  if (!messages->is_array()) throw invalid_request("messages", "messages must be an array, got " + kind(*messages));
+  if (messages->empty()) throw invalid_request("messages", "messages must not be empty");
+
+  ChatPrompt prompt;
+  try {
+    prompt = render_chat(body, model.chat);
+  } catch (const Error& e) {
+    // The chat encoder names the offending field first: "messages[2].role: unknown role ...".
+    const std::string text = e.what();
+    const size_t colon = text.find(": ");
+    throw invalid_request(colon == std::string::npos ? "messages" : text.substr(0, colon), text);
+  } catch (const nlohmann::json::exception& e) {
+    throw invalid_request("messages", std::string("malformed chat request: ") + e.what());
+  }
+  if (!prompt.images.empty()) throw invalid_request("messages", "image inputs are not supported by this server");
+  req.thinking = prompt.thinking;
+  req.prompt_text = std::move(prompt.text);
+  req.params.prompt = model.tokenizer->encode(req.prompt_text, /*parse_special=*/true);
+  if (const ojson* tools = field(body, "tools")) req.tools = tools->is_array() && !tools->empty();
+
+  req.logprobs = get_bool(body, "logprobs", false);
+  if (const ojson* top = field(body, "top_logprobs")) {
+    const int64_t n = require_integer(*top, "top_logprobs");
+    if (n < 0 || n > kMaxTopLogprobs) {
+      throw invalid_request("top_logprobs", "top_logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) + "]");
+    }
+    if (!req.logprobs) throw invalid_request("top_logprobs", "top_logprobs needs logprobs set to true");
+    req.params.top_logprobs = static_cast<int>(n);
+  } else {
+    req.params.top_logprobs = req.logprobs ? 0 : -1;
+  }
+}
+
+std::vector<int32_t> token_ids(const ojson& list, const ModelInfo& model) {
+  std::vector<int32_t> ids;
+  ids.reserve(list.size());
+  const int64_t vocab = model.tokenizer->vocab_size();
+  for (const ojson& v : list) {
+    int64_t id = -1;
+    if (!integer_of(v, id)) throw invalid_request("prompt", "a token-id prompt must hold integers, got " + kind(v));
+    if (id < 0 || id >= vocab) {
+      throw invalid_request("prompt", "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                          std::to_string(vocab) + ")");
+    }
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
+}
+
+void parse_completion(const ojson& body, const ModelInfo& model, ApiRequest& req) {
+  const ojson* prompt = field(body, "prompt");
+  if (prompt == nullptr) throw invalid_request("prompt", "prompt is required");
+  auto from_text = [&](const std::string& text) {
+    req.prompt_text = text;
+    req.params.prompt = {model.bos_id};
+    const auto ids = model.tokenizer->encode(text, /*parse_special=*/true);
+    req.params.prompt.insert(req.params.prompt.end(), ids.begin(), ids.end());
+  };
+  auto from_ids = [&](const ojson& list) {
+    if (list.empty()) throw invalid_request("prompt", "prompt must not be empty");
+    req.params.prompt = token_ids(list, model);
+    req.prompt_text = model.tokenizer->decode(req.params.prompt);
+  };
+  if (prompt->is_string()) {
+    from_text(prompt->get<std::string>());
+  } else if (prompt->is_array()) {
+    if (prompt->empty()) throw invalid_request("prompt", "prompt must not be empty");
+    const ojson& first = prompt->front();
+    if (first.is_string() || first.is_array()) {
+      // A batch of prompts; one choice per request is what this server returns.
+      if (prompt->size() != 1) throw invalid_request("prompt", "only one prompt per request is supported");
+      if (first.is_string()) {
+        from_text(first.get<std::string>());
+      } else {
+        from_ids(first);
+      }
+    } else {
+      from_ids(*prompt);
+    }
+  } else {
+    throw invalid_request("prompt", "prompt must be a string or an array of token ids, got " + kind(*prompt));
+  }
+
+  req.echo = get_bool(body, "echo", false);
+  if (const ojson* best = field(body, "best_of")) {
+    if (require_integer(*best, "best_of") != 1) throw invalid_request("best_of", "best_of must be 1");
+  }
+  if (const ojson* suffix = field(body, "suffix")) {
+    if (!suffix->is_string() || !suffix->get<std::string>().empty()) {
+      throw invalid_request("suffix", "suffix is not supported");
+    }
+  }
+  if (const ojson* lp = field(body, "logprobs")) {
+    const int64_t n = require_integer(*lp, "logprobs");
+    if (n < 0 || n > kMaxTopLogprobs) {
+      throw invalid_request("logprobs", "logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) + "]");
+    }
+    if (req.echo) throw invalid_request("logprobs", "logprobs with echo is not supported (no prompt logprobs)");
+    req.logprobs = true;
+    req.params.top_logprobs = static_cast<int>(n);
+  }
+}
+
+void parse_max_tokens(const ojson& body, const ModelInfo& model, ApiRequest& req) {
+  const int64_t prompt = static_cast<int64_t>(req.params.prompt.size());
+  const char* key = field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  const char* prompt_field = req.endpoint == Endpoint::ChatCompletions ? "messages" : "prompt";
+  int64_t max_tokens = model.context_length - prompt;
+  const bool given = field(body, key) != nullptr;
+  if (given) {
+    max_tokens = require_integer(*field(body, key), key);
+    if (max_tokens < 1) throw invalid_request(key, std::string(key) + " must be at least 1, got " + std::to_string(max_tokens));
+    if (max_tokens > model.context_length) {
+      throw invalid_request(key, std::string(key) + " must be at most the model's context length (" +
+                                     std::to_string(model.context_length) + "), got " + std::to_string(max_tokens));
+    }
+  }
+  if (prompt + (given ? max_tokens : 1) > model.context_length) {
+    throw invalid_request(prompt_field,
+                          "This model's maximum context length is " + std::to_string(model.context_length) +
+                              " tokens. However, you requested " + std::to_string(prompt + (given ? max_tokens : 1)) +
+                              " tokens (" + std::to_string(prompt) + " in the " + prompt_field + ", " +
+                              std::to_string(given ? max_tokens : 1) +
+                              " in the completion). Please reduce the length of the " + prompt_field +
+                              " or completion.",
+                          "context_length_exceeded");
+  }
+  req.params.max_tokens = max_tokens;
+}
+
+}  // namespace
+
+int json_depth(std::string_view text) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+ApiRequest parse_request(Endpoint endpoint, std::string_view text, const ModelInfo& model) {
+  if (json_depth(text) > kMaxJsonDepth) {
+    throw invalid_request("", "the JSON body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  }
+  ojson body;
+  try {
+    body = ojson::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw invalid_request("", std::string("We could not parse the JSON body of your request: ") + e.what());
+  }
+  if (!body.is_object()) throw invalid_request("", "the request body must be a JSON object, got " + kind(body));
+
+  ApiRequest req;
+  req.endpoint = endpoint;
+  check_model(body, model, req);
+  parse_common(body, req);
+  if (endpoint == Endpoint::ChatCompletions) {
+    parse_chat(body, model, req);
+  } else {
+    parse_completion(body, model, req);
+  }
+  parse_max_tokens(body, model, req);
+  return req;
+}
+
+}  // namespace dsv41::server

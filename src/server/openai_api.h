@@ -1,0 +1,69 @@
+// Translation of OpenAI request bodies (/v1/chat/completions, /v1/completions) into engine requests:
+// pure functions, so every rule can be tested without a model. Each bad input throws ApiError naming
+// the field; nothing is silently dropped or clamped.
+//
+// Accepted fields (others are ignored, as OpenAI-compatible servers do):
+//   model                 must name the served model (404 model_not_found otherwise); may be omitted
+//   stream, stream_options.include_usage (only with stream)
+//   n (1 only), max_tokens / max_completion_tokens (>= 1; default: the rest of the context),
+//   temperature [0, 2], top_p (0, 1], seed (integer; default: a random one), stop (string or array),
+//   presence_penalty / frequency_penalty (0 only), logit_bias (empty only), ignore_eos (bool)
+//   chat:        messages, tools, tool_choice, response_format and the thinking knobs, as
+//                text/chat_encoding.h reads them; logprobs (bool), top_logprobs (0..20)
+//   completions: prompt (a string, or token ids; one prompt per request), echo (bool),
+//                logprobs (0..20), best_of (1 only), suffix (null only)
+// Prompts are tokenized with special-token parsing, as the reference pipeline does (chat-encoding.md
+// §2.7): a chat prompt is the rendered template; a completions string prompt gets BOS in front, as
+// Hugging Face tokenizers add it for DeepSeek models; token-id prompts are used as given.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/engine.h"
+#include "server/api_error.h"
+#include "text/chat_encoding.h"
+#include "text/tokenizer.h"
+
+namespace dsv41::server {
+
+enum class Endpoint { ChatCompletions, Completions };
+
+// What validation needs to know about the served model.
+struct ModelInfo {
+  std::string name;            // the model id clients must use
+  int64_t context_length = 0;  // prompt + max_tokens must fit
+  int32_t bos_id = 0;
+  const Tokenizer* tokenizer = nullptr;
+  ChatOptions chat;            // server defaults for the chat template (thinking on or off)
+};
+
+inline constexpr int kMaxTopLogprobs = 20;
+inline constexpr size_t kMaxStopSequences = 16;
+inline constexpr int kMaxJsonDepth = 128;  // deeper bodies are refused before parsing
+
+struct ApiRequest {
+  Endpoint endpoint = Endpoint::ChatCompletions;
+  std::string model;            // echoed in responses
+  bool stream = false;
+  bool include_usage = false;   // stream_options.include_usage
+  bool logprobs = false;        // return logprobs (top count in params.top_logprobs)
+  bool echo = false;            // completions: the prompt text starts the returned text
+  bool thinking = false;        // chat: the prompt ends inside <think>, so output starts as reasoning
+  bool tools = false;           // chat: tools were offered
+  std::string prompt_text;      // chat: the rendered prompt; completions: the prompt as text
+  RequestParams params;         // what the engine gets
+};
+
+// Parses and validates a request body. Throws ApiError (400, or 404 for an unknown model).
+ApiRequest parse_request(Endpoint endpoint, std::string_view body, const ModelInfo& model);
+
+// Nesting depth of a JSON text (brackets outside strings); cheap, and run before the real parser so
+// that a body of a million '[' cannot exhaust the stack of code that walks the parsed value.
+int json_depth(std::string_view text);
+
+}  // namespace dsv41::server

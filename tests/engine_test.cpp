@@ -1,0 +1,184 @@
+// The engine behind the server: requests run concurrently under one scheduler and each gets exactly
+// what it would get alone; memory admission queues instead of failing; cancellation frees pages.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <thread>
+#include <mutex>
+#include <random>
+
+#include "runtime/engine.h"
+#include "test_util.h"
+#include "util/error.h"
+
+namespace dsv41 {
+namespace {
+
+struct Collected {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int32_t> tokens;
+  std::string text;
+  TokenEvent last;
+  bool done = false;
+};
+
+EventSink collect(Collected& c) {
+  return [&c](const TokenEvent& e) {
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (e.token >= 0) c.tokens.push_back(e.token);
+    c.text += e.text;
+    if (e.done) {
+      c.last = e;
+      c.done = true;
+      c.cv.notify_all();
+    }
+  };
+}
+
+void wait(Collected& c) {
+  std::unique_lock<std::mutex> lock(c.mu);
+  c.cv.wait(lock, [&] { return c.done; });
+}
+
+std::vector<int32_t> ids(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = static_cast<int32_t>(3 + rng() % 990);
+  return v;
+}
+
+RequestParams request(int prompt_len, uint32_t seed, int max_tokens) {
+  RequestParams p;
+  p.prompt = ids(prompt_len, seed);
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  p.sampling.seed = seed;
+  p.sampling.temperature = seed % 2 ? 0.0 : 0.8;
+  return p;
+}
+
+TEST(Engine, ConcurrentRequestsGetWhatTheyGetAlone) {
+  EngineOptions opt;
+  opt.model_dir = test::tiny_model_dir();
+  opt.parallel = 4;
+  opt.prefill_chunk = 32;  // long prompts prefill over several steps, interleaved with decodes
+  std::vector<std::vector<int32_t>> alone;
+  {
+    Engine e(opt);
+    for (uint32_t i = 0; i < 6; ++i) {
+      Collected c;
+      e.submit(request(10 + 37 * static_cast<int>(i), i, 12), collect(c));
+      wait(c);
+      alone.push_back(c.tokens);
+    }
+  }
+  Engine e(opt);
+  std::vector<std::unique_ptr<Collected>> cs;
+  for (uint32_t i = 0; i < 6; ++i) {
+    cs.push_back(std::make_unique<Collected>());
+    e.submit(request(10 + 37 * static_cast<int>(i), i, 12), collect(*cs.back()));
+  }
+  for (uint32_t i = 0; i < 6; ++i) {
+    wait(*cs[i]);
+    EXPECT_EQ(cs[i]->tokens, alone[i]) << "request " << i;
+    EXPECT_EQ(cs[i]->last.finish_reason, "length");
+    EXPECT_EQ(cs[i]->last.completion_tokens, 12);
+  }
+  EXPECT_GE(e.metrics().requests_finished, 6u);
+}
+
+TEST(Engine, ShortMemoryQueuesRequestsInsteadOfFailingThem) {
+  EngineOptions opt;
+  opt.model_dir = test::tiny_model_dir();
+  opt.parallel = 8;
+  opt.kv_budget_bytes = 60 * 1024;  // room for about one request at a time (106 B/token)
+  opt.cache_ram_bytes = 0;
+  Engine e(opt);
+  std::vector<std::unique_ptr<Collected>> cs;
+  for (uint32_t i = 0; i < 5; ++i) {
+    cs.push_back(std::make_unique<Collected>());
+    e.submit(request(300, i, 8), collect(*cs.back()));
+  }
+  for (auto& c : cs) {
+    wait(*c);
+    EXPECT_EQ(c->last.finish_reason, "length");
+  }
+  EXPECT_THROW(e.submit(request(600, 9, 8), [](const TokenEvent&) {}), Error);  // over the whole budget
+}
+
+TEST(Engine, CancellingFreesThePages) {
+  EngineOptions opt;
+  opt.model_dir = test::tiny_model_dir();
+  opt.cache_ram_bytes = 0;  // nothing kept after a request ends
+  Engine e(opt);
+  Collected c;
+  std::atomic<bool> first{false};
+  const uint64_t id = e.submit(request(200, 3, 2000), [&](const TokenEvent& ev) {
+    if (ev.token >= 0) first = true;
+    collect(c)(ev);
+  });
+  while (!first) std::this_thread::yield();
+  e.cancel(id);
+  wait(c);
+  EXPECT_EQ(c.last.finish_reason, "cancelled");
+  for (int i = 0; i < 100 && e.metrics().kv_pages_in_use != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(e.metrics().kv_pages_in_use, 0u);
+  EXPECT_EQ(e.metrics().requests_cancelled, 1u);
+}
+
+TEST(Engine, StopStringsEndGenerationBeforeThem) {
+  EngineOptions opt;
+  opt.model_dir = test::tiny_model_dir();
+  Engine e(opt);
+  Collected full;
+  e.submit(request(20, 5, 40), collect(full));
+  wait(full);
+  ASSERT_GT(full.text.size(), 12u);
+  const std::string stop = full.text.substr(8, 3);
+  RequestParams p = request(20, 5, 40);
+  p.stop = {stop, "\x01never"};
+  Collected cut;
+  e.submit(p, collect(cut));
+  wait(cut);
+  EXPECT_EQ(cut.last.finish_reason, "stop");
+  EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(stop)));
+}
+
+TEST(Engine, RepeatedPromptsHitThePrefixCache) {
+  EngineOptions opt;
+  opt.model_dir = test::tiny_model_dir();
+  Engine e(opt);
+  Collected a, b;
+  e.submit(request(300, 6, 4), collect(a));
+  wait(a);
+  e.submit(request(300, 6, 4), collect(b));
+  wait(b);
+  EXPECT_EQ(a.last.cached_tokens, 0);
+  EXPECT_EQ(b.last.cached_tokens, 256);
+  EXPECT_EQ(a.tokens, b.tokens);  // exact mode: bit-identical
+}
+
+TEST(Engine, BadRequestsAreRefusedAtSubmit) {
+  EngineOptions opt;
+  opt.model_dir = test::tiny_model_dir();
+  Engine e(opt);
+  RequestParams p = request(10, 1, 5);
+  p.prompt.push_back(5000);
+  EXPECT_THROW(e.submit(p, [](const TokenEvent&) {}), Error);
+  p = request(10, 1, 0);
+  EXPECT_THROW(e.submit(p, [](const TokenEvent&) {}), Error);
+  p = request(10, 1, 5000);
+  EXPECT_THROW(e.submit(p, [](const TokenEvent&) {}), Error);
+  p = request(10, 1, 5);
+  p.prompt.clear();
+  EXPECT_THROW(e.submit(p, [](const TokenEvent&) {}), Error);
+  p = request(10, 1, 5);
+  p.sampling.top_p = 2;
+  EXPECT_THROW(e.submit(p, [](const TokenEvent&) {}), Error);
+}
+
+}  // namespace
+}  // namespace dsv41

@@ -1,13 +1,29 @@
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <condition_variable>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
+#include <unistd.h>
 #include <string>
 
 #include "cli.h"
 #include "commands.h"
 #include "io/config.h"
 #include "io/safetensors.h"
+#include "bench_limits.h"
+#include "kernels/cpu_features.h"
+#include "kernels/thread_pool.h"
+#include "model/model.h"
+#include "model/model_stats.h"
 #include "model/engram_store.h"
+#include "model/tensor_layout.h"
+#include "runtime/engine.h"
+#include "runtime/prefix_cache.h"
+#include "runtime/session.h"
 #include "util/error.h"
 
 namespace dsv41::cli {
@@ -38,36 +54,346 @@ nlohmann::json bench_engram(const std::string& dir, int steps, int io_threads) {
   return out;
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::vector<int32_t> random_prompt(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& t : v) t = static_cast<int32_t>(3 + rng() % static_cast<uint32_t>(vocab - 3));
+  return v;
+}
+
+// Bytes of weights one decode token must read, in the checkpoint's formats: every backbone tensor,
+// top-k of each layer's routed experts, the gathered Engram rows, the final norm and the head.
+double active_decode_bytes(const ModelConfig& c) {
+  double bytes = 0;
+  for (const TensorSpec& t : checkpoint_tensors(c)) {
+    if (t.layer >= c.n_layers) continue;  // the drafter
+    double b = static_cast<double>(dtype_size(t.dtype));
+    for (int64_t d : t.shape) b *= static_cast<double>(d);
+    if (t.name == "embed.weight") continue;  // one row
+    if (t.name.find(".ffn.experts.") != std::string::npos) b *= static_cast<double>(c.activated_experts(t.layer)) / c.routed_experts(t.layer);
+    if (t.name.find(".engram.embed.") != std::string::npos) b *= static_cast<double>(c.engram_hash_columns()) / static_cast<double>(t.shape[0]);
+    bytes += b;
+  }
+  return bytes;
+}
+
+struct Limits {
+  double bandwidth_gbs = 0, peak_gflops = 0;
+};
+
+nlohmann::json bench_decode(const Model& m, StatePools& pools, const std::vector<int64_t>& contexts, int steps,
+                            const Limits& lim) {
+  const double bytes = active_decode_bytes(m.config());
+  nlohmann::json out = nlohmann::json::array();
+  for (int64_t ctx : contexts) {
+    Session s(m, pools, {});
+    std::vector<float> logits = s.prefill(random_prompt(ctx, m.config().vocab_size, 1));
+    const auto t0 = std::chrono::steady_clock::now();
+    int32_t tok = 5;
+    for (int i = 0; i < steps; ++i) {
+      logits = s.decode(tok);
+      tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    }
+    const double tok_s = steps / seconds_since(t0);
+    out.push_back({{"context", ctx}, {"tok_s", tok_s}, {"active_bytes_per_token", bytes},
+                   {"bandwidth_efficiency", bytes * tok_s / (lim.bandwidth_gbs * 1e9)}});
+    std::fprintf(stderr, "  decode at context %lld: %.2f tok/s\n", static_cast<long long>(ctx), tok_s);
+  }
+  return out;
+}
+
+nlohmann::json bench_cold_prefill(const Model& m, StatePools& pools, const std::vector<int64_t>& lengths,
+                                  const Limits& lim) {
+  const ModelConfig& c = m.config();
+  const ParamCounts p = count_params(c);
+  const double head = static_cast<double>(c.vocab_size * c.dim);
+  nlohmann::json out = nlohmann::json::array();
+  for (int64_t n : lengths) {
+    for (PrefillMode mode : {PrefillMode::Exact, PrefillMode::Tail}) {
+      SessionOptions so;
+      so.prefill_mode = mode;
+      Session s(m, pools, so);
+      const std::vector<int32_t> prompt = random_prompt(n, c.vocab_size, 2);
+      const auto t0 = std::chrono::steady_clock::now();
+      s.prefill(prompt);
+      const double secs = seconds_since(t0);
+      // FLOPs: 2 per active weight per row; tail mode runs the late layers on `window` rows only
+      const double late = static_cast<double>(p.active_decode) - head - static_cast<double>(p.active_prefill);
+      const double rows_late = mode == PrefillMode::Tail ? std::min<double>(static_cast<double>(n), c.window_size) : static_cast<double>(n);
+      const double flops = 2.0 * (static_cast<double>(p.active_prefill) * static_cast<double>(n) + late * rows_late + head);
+      const double tok_s = static_cast<double>(n) / secs;
+      out.push_back({{"prompt_tokens", n}, {"mode", mode == PrefillMode::Exact ? "exact" : "tail"}, {"tok_s", tok_s},
+                     {"flops_efficiency", flops / secs / (lim.peak_gflops * 1e9)}});
+      std::fprintf(stderr, "  cold prefill %lld tokens (%s): %.1f tok/s\n", static_cast<long long>(n),
+                   mode == PrefillMode::Exact ? "exact" : "tail", tok_s);
+    }
+  }
+  return out;
+}
+
+// Time to first token when the first 90% of the prompt is cached, against a cold prefill.
+nlohmann::json bench_prefix_hit(const Model& m, StatePools& pools, int64_t n) {
+  const std::vector<int32_t> prompt = random_prompt(n, m.config().vocab_size, 3);
+  const std::vector<int32_t> stem(prompt.begin(), prompt.begin() + n * 9 / 10);
+  double cold = 0;
+  {
+    Session s(m, pools, {});
+    const auto t0 = std::chrono::steady_clock::now();
+    s.prefill(prompt);
+    cold = seconds_since(t0);
+  }
+  nlohmann::json out = nlohmann::json::array();
+  const std::string dir = (std::filesystem::temp_directory_path() / ("dsv41-bench-" + std::to_string(getpid()))).string();
+  for (const char* tier : {"ram", "disk"}) {
+    for (CacheMode mode : {CacheMode::Exact, CacheMode::Replay}) {
+      std::filesystem::remove_all(dir);
+      std::filesystem::create_directories(dir);
+      int64_t cached = 0;
+      double ttft = 0;
+      {
+        PrefixCache writer(m, pools, mode, uint64_t{8} << 30, std::string(tier) == "disk" ? dir : "");
+        Session first(m, pools, {}, &writer);
+        first.prefill(stem);
+        if (std::string(tier) == "ram") {
+          Session s(m, pools, {}, &writer);
+          const auto t0 = std::chrono::steady_clock::now();
+          s.prefill(prompt);
+          ttft = seconds_since(t0);
+          cached = s.cache_hit().cached_tokens;
+        }
+      }
+      if (std::string(tier) == "disk") {  // a fresh cache object: only the files remain
+        PrefixCache reader(m, pools, mode, uint64_t{8} << 30, dir);
+        Session s(m, pools, {}, &reader);
+        const auto t0 = std::chrono::steady_clock::now();
+        s.prefill(prompt);
+        ttft = seconds_since(t0);
+        cached = s.cache_hit().cached_tokens;
+      }
+      out.push_back({{"prompt_tokens", n}, {"cached_tokens", cached}, {"tier", tier},
+                     {"mode", cache_mode_name(mode)}, {"ttft_s", ttft}, {"cold_ttft_s", cold},
+                     {"speedup", cold / ttft}});
+      std::fprintf(stderr, "  prefix hit %s/%s: %.3f s vs cold %.3f s\n", tier, cache_mode_name(mode), ttft, cold);
+    }
+  }
+  std::filesystem::remove_all(dir);
+  return out;
+}
+
+// Aggregate decode throughput of N concurrent streams through the engine's scheduler.
+nlohmann::json bench_concurrency(const std::string& dir, const std::vector<int>& streams, int tokens) {
+  nlohmann::json out = nlohmann::json::array();
+  for (int n : streams) {
+    EngineOptions eo;
+    eo.model_dir = dir;
+    eo.parallel = n;
+    Engine e(eo);
+    std::mutex mu;
+    std::condition_variable cv;
+    int done = 0;
+    int64_t generated = 0;
+    std::chrono::steady_clock::time_point first_token{}, last_token{};
+    bool any = false;
+    for (int i = 0; i < n; ++i) {
+      RequestParams p;
+      p.prompt = random_prompt(32, e.config().vocab_size, 10 + static_cast<uint32_t>(i));
+      p.max_tokens = tokens;
+      p.ignore_eos = true;
+      e.submit(p, [&](const TokenEvent& ev) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (ev.token >= 0) {
+          ++generated;
+          if (!any) first_token = std::chrono::steady_clock::now();
+          any = true;
+          last_token = std::chrono::steady_clock::now();
+        }
+        if (ev.done) {
+          ++done;
+          cv.notify_all();
+        }
+      });
+    }
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done == n; });
+    const double secs = std::chrono::duration<double>(last_token - first_token).count();
+    const double tok_s = secs > 0 ? static_cast<double>(generated - 1) / secs : 0;
+    out.push_back({{"streams", n}, {"aggregate_tok_s", tok_s}});
+    std::fprintf(stderr, "  %d streams: %.2f tok/s aggregate\n", n, tok_s);
+  }
+  return out;
+}
+
+// Decode tok/s against context and prefill tok/s against prompt length, each with its roofline
+// (bandwidth / active bytes per token; peak FLOP/s / FLOPs per token) on the same log axes.
+void write_plot(const std::string& path, const nlohmann::json& r) {
+  const double W = 720, H = 420, L = 70, R = 20, T = 30, B = 50;
+  std::vector<std::pair<std::string, std::vector<std::pair<double, double>>>> series;
+  double roof_decode = 0;
+  if (r.contains("decode")) {
+    std::vector<std::pair<double, double>> pts;
+    for (const auto& d : r["decode"]) {
+      pts.push_back({d["context"].get<double>(), d["tok_s"].get<double>()});
+      roof_decode = r["machine"]["bandwidth_gbs"].get<double>() * 1e9 / d["active_bytes_per_token"].get<double>();
+    }
+    series.push_back({"decode tok/s vs context", pts});
+  }
+  if (r.contains("cold_prefill")) {
+    std::vector<std::pair<double, double>> exact, tail;
+    for (const auto& d : r["cold_prefill"]) {
+      (d["mode"] == "exact" ? exact : tail).push_back({d["prompt_tokens"].get<double>(), d["tok_s"].get<double>()});
+    }
+    series.push_back({"prefill tok/s vs prompt (exact)", exact});
+    series.push_back({"prefill tok/s vs prompt (tail)", tail});
+  }
+  double xmin = 1e300, xmax = 0, ymin = 1e300, ymax = 0;
+  for (auto& s : series)
+    for (auto& [x, y] : s.second) {
+      xmin = std::min(xmin, x), xmax = std::max(xmax, x), ymin = std::min(ymin, y), ymax = std::max(ymax, y);
+    }
+  if (roof_decode > 0) ymax = std::max(ymax, roof_decode), ymin = std::min(ymin, roof_decode);
+  if (xmax <= 0) return;
+  xmin /= 1.5, xmax *= 1.5, ymin /= 3, ymax *= 3;
+  auto px = [&](double x) { return L + (std::log(x) - std::log(xmin)) / (std::log(xmax) - std::log(xmin)) * (W - L - R); };
+  auto py = [&](double y) { return H - B - (std::log(y) - std::log(ymin)) / (std::log(ymax) - std::log(ymin)) * (H - T - B); };
+  std::ofstream f(path);
+  f << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H << "' font-family='sans-serif' font-size='12'>\n";
+  f << "<rect width='100%' height='100%' fill='white'/><line x1='" << L << "' y1='" << H - B << "' x2='" << W - R << "' y2='" << H - B
+    << "' stroke='black'/><line x1='" << L << "' y1='" << T << "' x2='" << L << "' y2='" << H - B << "' stroke='black'/>\n";
+  f << "<text x='" << W / 2 << "' y='" << H - 12 << "' text-anchor='middle'>tokens (context or prompt length, log)</text>\n";
+  f << "<text x='16' y='" << H / 2 << "' transform='rotate(-90 16 " << H / 2 << ")' text-anchor='middle'>tokens/s (log)</text>\n";
+  const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c"};
+  for (size_t i = 0; i < series.size(); ++i) {
+    f << "<polyline fill='none' stroke='" << colors[i % 3] << "' stroke-width='2' points='";
+    for (auto& [x, y] : series[i].second) f << px(x) << "," << py(y) << " ";
+    f << "'/>\n<text x='" << L + 10 << "' y='" << T + 14 * (i + 1) << "' fill='" << colors[i % 3] << "'>" << series[i].first << "</text>\n";
+  }
+  if (roof_decode > 0) {
+    f << "<line x1='" << L << "' y1='" << py(roof_decode) << "' x2='" << W - R << "' y2='" << py(roof_decode)
+      << "' stroke='#1f77b4' stroke-dasharray='6,4'/><text x='" << W - R - 4 << "' y='" << py(roof_decode) - 4
+      << "' text-anchor='end' fill='#1f77b4'>decode roofline: measured bandwidth / active bytes per token</text>\n";
+  }
+  f << "</svg>\n";
+}
+
 }  // namespace
 
 int run_bench(int argc, char** argv) {
   if (wants_help(argc, argv)) {
     std::puts(
-        "usage: dsv41 bench -m DIR [--scenario engram] [--steps N] [--io-threads N] [--json]\n\n"
-        "  engram   per-step Engram lookup time (the rows of every Engram layer for one token) from each\n"
-        "           tier: mmap, ram, pread (warm page cache; the tables are read once per tier)");
+        "usage: dsv41 bench -m DIR [--scenario LIST] [--json] [--plot FILE.svg] [--steps N]\n\n"
+        "scenarios (comma-separated; default cold-prefill,prefix-hit,decode,concurrency):\n"
+        "  cold-prefill  prompt tokens/s at several prompt lengths, exact and tail mode\n"
+        "  prefix-hit    time to first token with the first 90% of a prompt cached (RAM and disk tier,\n"
+        "                exact and replay mode) against its cold prefill\n"
+        "  decode        tokens/s at several context lengths\n"
+        "  concurrency   aggregate decode tokens/s at 1, 2, 4, 8 streams through the scheduler\n"
+        "  engram        per-step Engram lookup time from each tier (mmap, ram, pread)\n"
+        "The machine's limits are measured in the same run: streaming-read memory bandwidth and the FP8\n"
+        "GEMM rate; decode is reported against the first, prefill against the second.\n"
+        "  --lengths A,B,..   prompt lengths / contexts (default 128,512,2048)");
     return 0;
   }
-  Args args("bench", argc, argv, {"--model", "--scenario", "--steps", "--io-threads"}, {"--json"}, {{"-m", "--model"}});
+  Args args("bench", argc, argv, {"--model", "--scenario", "--steps", "--io-threads", "--plot", "--lengths"}, {"--json"},
+            {{"-m", "--model"}});
   const std::string dir = args.required("--model");
-  const std::string scenarios = args.get("--scenario", "engram");
-  const int steps = static_cast<int>(args.get_int("--steps", 2000, 1, 10000000));
+  const std::string scenarios = args.get("--scenario", "cold-prefill,prefix-hit,decode,concurrency");
+  const int steps = static_cast<int>(args.get_int("--steps", 0, 1, 10000000));
   const int io_threads = static_cast<int>(args.get_int("--io-threads", 4, 1, 256));
-  nlohmann::json report;
-  std::stringstream list(scenarios);
-  for (std::string name; std::getline(list, name, ',');) {
-    if (name == "engram") {
-      report["engram"] = bench_engram(dir, steps, io_threads);
-    } else {
-      fail("--scenario", "unknown scenario \"" + name + "\" (available: engram)");
+  std::vector<int64_t> lengths;
+  {
+    std::stringstream ls(args.get("--lengths", "128,512,2048"));
+    for (std::string item; std::getline(ls, item, ',');) {
+      try {
+        lengths.push_back(std::stoll(item));
+      } catch (const std::exception&) {
+        fail("--lengths", "expects comma-separated token counts, got \"" + item + "\"");
+      }
+      if (lengths.back() < 2) fail("--lengths", "each length must be at least 2");
     }
   }
+  std::vector<std::string> names;
+  {
+    std::stringstream list(scenarios);
+    for (std::string name; std::getline(list, name, ',');) {
+      if (name != "engram" && name != "cold-prefill" && name != "prefix-hit" && name != "decode" && name != "concurrency") {
+        fail("--scenario", "unknown scenario \"" + name + "\" (available: cold-prefill, prefix-hit, decode, concurrency, engram)");
+      }
+      names.push_back(name);
+    }
+  }
+  nlohmann::json report;
+  Limits lim;
+  std::fprintf(stderr, "measuring the machine...\n");
+  lim.bandwidth_gbs = measure_bandwidth_gbs();
+  lim.peak_gflops = measure_fp8_gemm_gflops();
+  report["machine"] = {{"bandwidth_gbs", lim.bandwidth_gbs}, {"peak_gflops", lim.peak_gflops},
+                       {"cores", ThreadPool::default_threads()}, {"isa", isa_name()}};
+  std::unique_ptr<Model> model;
+  std::unique_ptr<StatePools> pools;
+  auto need_model = [&] {
+    if (!model) {
+      model = load_model(dir);
+      pools = std::make_unique<StatePools>(model->config(), model->roles());
+    }
+  };
+  for (const std::string& name : names) {
+    std::fprintf(stderr, "%s...\n", name.c_str());
+    if (name == "engram") {
+      report["engram"] = bench_engram(dir, steps > 0 ? steps : 2000, io_threads);
+    } else if (name == "decode") {
+      need_model();
+      report["decode"] = bench_decode(*model, *pools, lengths, steps > 0 ? steps : 8, lim);
+    } else if (name == "cold-prefill") {
+      need_model();
+      report["cold_prefill"] = bench_cold_prefill(*model, *pools, lengths, lim);
+    } else if (name == "prefix-hit") {
+      need_model();
+      report["prefix_hit"] = bench_prefix_hit(*model, *pools, lengths.back());
+    } else if (name == "concurrency") {
+      report["concurrency"] = bench_concurrency(dir, {1, 2, 4, 8}, steps > 0 ? steps : 8);
+    }
+  }
+  if (args.has("--plot")) write_plot(args.get("--plot"), report);
   if (args.has("--json")) {
     std::printf("%s\n", report.dump(2).c_str());
     return 0;
   }
+  std::printf("machine: %.1f GB/s streaming read, %.1f GFLOP/s FP8 GEMM, %d cores, %s\n", lim.bandwidth_gbs,
+              lim.peak_gflops, report["machine"]["cores"].get<int>(), report["machine"]["isa"].get<std::string>().c_str());
+  if (report.contains("decode")) {
+    std::printf("decode\n  %-8s %10s %14s %12s\n", "context", "tok/s", "active MB/tok", "of bandwidth");
+    for (const auto& r : report["decode"]) {
+      std::printf("  %-8lld %10.2f %14.1f %11.1f%%\n", static_cast<long long>(r["context"].get<int64_t>()), r["tok_s"].get<double>(),
+                  r["active_bytes_per_token"].get<double>() / 1e6, 100 * r["bandwidth_efficiency"].get<double>());
+    }
+  }
+  if (report.contains("cold_prefill")) {
+    std::printf("cold prefill\n  %-8s %-6s %10s %10s\n", "prompt", "mode", "tok/s", "of peak");
+    for (const auto& r : report["cold_prefill"]) {
+      std::printf("  %-8lld %-6s %10.1f %9.1f%%\n", static_cast<long long>(r["prompt_tokens"].get<int64_t>()),
+                  r["mode"].get<std::string>().c_str(), r["tok_s"].get<double>(), 100 * r["flops_efficiency"].get<double>());
+    }
+  }
+  if (report.contains("prefix_hit")) {
+    std::printf("prefix hit (90%% cached)\n  %-5s %-7s %8s %10s %10s %8s\n", "tier", "mode", "cached", "ttft s", "cold s", "speedup");
+    for (const auto& r : report["prefix_hit"]) {
+      std::printf("  %-5s %-7s %8lld %10.3f %10.3f %7.1fx\n", r["tier"].get<std::string>().c_str(),
+                  r["mode"].get<std::string>().c_str(), static_cast<long long>(r["cached_tokens"].get<int64_t>()),
+                  r["ttft_s"].get<double>(), r["cold_ttft_s"].get<double>(), r["speedup"].get<double>());
+    }
+  }
+  if (report.contains("concurrency")) {
+    std::printf("concurrency\n");
+    for (const auto& r : report["concurrency"]) {
+      std::printf("  %d streams: %.2f tok/s aggregate\n", r["streams"].get<int>(), r["aggregate_tok_s"].get<double>());
+    }
+  }
   if (report.contains("engram")) {
-    std::printf("engram lookups, %d steps\n  %-6s %12s %10s\n", steps, "tier", "us/step", "rows/step");
+    std::printf("engram lookups\n  %-6s %12s %10s\n", "tier", "us/step", "rows/step");
     for (const auto& r : report["engram"]) {
       std::printf("  %-6s %12.2f %10d\n", r["tier"].get<std::string>().c_str(), r["us_per_step"].get<double>(),
                   r["rows_per_step"].get<int>());

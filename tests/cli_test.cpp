@@ -260,7 +260,7 @@ TEST(CliEngram, EveryTierGivesTheSameTokens) {
 TEST(CliBench, EngramScenarioReportsEachTier) {
   auto r = test::run_dsv41("bench -m " + test::tiny_model_dir() + " --scenario engram --steps 50 --json");
   ASSERT_EQ(r.status, 0) << r.out;
-  auto j = nlohmann::json::parse(r.out);
+  auto j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));  // progress lines go to stderr
   ASSERT_EQ(j["engram"].size(), 3u);
   for (const auto& t : j["engram"]) {
     EXPECT_GT(t["us_per_step"].get<double>(), 0) << t;
@@ -268,6 +268,42 @@ TEST(CliBench, EngramScenarioReportsEachTier) {
   }
   auto bad = test::run_dsv41("bench -m " + test::tiny_model_dir() + " --scenario warp");
   EXPECT_NE(bad.out.find("unknown scenario \"warp\""), std::string::npos) << bad.out;
+}
+
+}  // namespace
+}  // namespace dsv41
+
+namespace dsv41 {
+namespace {
+
+TEST(CliBench, AllScenariosReportAgainstTheMeasuredLimits) {
+  test::TempDir dir;
+  auto r = test::run_dsv41("bench -m " + test::tiny_model_dir() +
+                           " --scenario cold-prefill,prefix-hit,decode,concurrency --lengths 64,140 --steps 2 --json --plot " +
+                           (dir / "p.svg"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  EXPECT_GT(j["machine"]["bandwidth_gbs"].get<double>(), 0.1);
+  EXPECT_GT(j["machine"]["peak_gflops"].get<double>(), 0.1);
+  EXPECT_GE(j["machine"]["cores"].get<int>(), 1);
+  EXPECT_EQ(j["decode"].size(), 2u);
+  for (const auto& d : j["decode"]) {
+    EXPECT_GT(d["tok_s"].get<double>(), 0);
+    EXPECT_GT(d["active_bytes_per_token"].get<double>(), 1e6);  // the tiny model reads ~3 MB per token
+    EXPECT_GT(d["bandwidth_efficiency"].get<double>(), 0);
+  }
+  EXPECT_EQ(j["cold_prefill"].size(), 4u);  // two lengths × exact, tail
+  for (const auto& d : j["cold_prefill"]) EXPECT_GT(d["flops_efficiency"].get<double>(), 0);
+  EXPECT_EQ(j["prefix_hit"].size(), 4u);  // ram/disk × exact/replay
+  for (const auto& d : j["prefix_hit"]) {
+    EXPECT_EQ(d["cached_tokens"], 64);  // 90% of 140 = 126 -> one whole 64-token block
+    EXPECT_GT(d["speedup"].get<double>(), 0);
+  }
+  EXPECT_EQ(j["concurrency"].size(), 4u);
+  std::ifstream svg(dir / "p.svg");
+  std::string text((std::istreambuf_iterator<char>(svg)), {});
+  EXPECT_NE(text.find("<svg"), std::string::npos);
+  EXPECT_NE(text.find("roofline"), std::string::npos);
 }
 
 }  // namespace

@@ -221,7 +221,6 @@ int run_generate(int argc, char** argv) {
   const bool want_dump = args.has("--dump-logits");
   StreamDecoder stream(tokenizer);
   double decode_s = 0;
-  int64_t decode_calls = 0;
   // emits one token (and the logits row that chose it); false once generation must stop
   auto emit = [&](int32_t token, const float* row) {
     if (want_dump) dump.insert(dump.end(), row, row + cfg.vocab_size);
@@ -250,7 +249,6 @@ int run_generate(int argc, char** argv) {
       }
       logits = session.decode(token);
       decode_s += seconds_since(t0);
-      ++decode_calls;
       token = teacher ? teacher_ids[generated.size()] : sampler.sample(logits.data(), cfg.vocab_size);
       more = emit(token, logits.data());
     }

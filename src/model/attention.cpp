@@ -307,17 +307,11 @@ void attention_forward(const ModelConfig& c, const LayerRole& r, const Attention
 void output_projection(const ModelConfig& c, const AttentionWeights& w, const float* o, int64_t s, float* out) {
   // grouped O-LoRA: block-diagonal wo_a (bf16) per group of heads, then wo_b over all groups
   const int64_t H = c.n_heads, D = c.head_dim, G = c.o_groups, R = c.o_lora_rank, Kg = H * D / G;
-  std::vector<float> og(static_cast<size_t>(s * G * R));
-  for (int64_t i = 0; i < s; ++i) {
-    for (int64_t g = 0; g < G; ++g) {
-      const float* src_o = &o[i * H * D + g * Kg];
-      for (int64_t rr = 0; rr < R; ++rr) {
-        const float* wr = &w.wo_a[(g * R + rr) * Kg];
-        float acc = 0;
-        for (int64_t k = 0; k < Kg; ++k) acc += src_o[k] * wr[k];
-        og[(i * G + g) * R + rr] = round_bf16(acc);
-      }
-    }
+  std::vector<float> og(static_cast<size_t>(s * G * R)), xg(static_cast<size_t>(s * Kg)), yg(static_cast<size_t>(s * R));
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t i = 0; i < s; ++i) std::copy_n(&o[i * H * D + g * Kg], Kg, &xg[i * Kg]);
+    linear_bf16(xg.data(), s, Bf16Matrix{&w.wo_a.bits[static_cast<size_t>(g * R * Kg)], R, Kg}, yg.data());
+    for (int64_t i = 0; i < s; ++i) std::copy_n(&yg[i * R], R, &og[(i * G + g) * R]);
   }
   linear_fp8(og.data(), s, w.wo_b, out);
 }

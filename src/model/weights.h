@@ -28,7 +28,7 @@ struct AttentionWeights {
   std::vector<float> attn_sink;  // [n_heads]
   Fp8Matrix wq_a, wq_b, wkv, wo_b;
   Bf16Tensor q_norm, kv_norm;
-  std::vector<float> wo_a;  // [o_groups·o_lora_rank, n_heads·head_dim/o_groups], bf16 values
+  Bf16Tensor wo_a;  // [o_groups·o_lora_rank, n_heads·head_dim/o_groups], dequantized to bf16
   // KV sources: the compressor and the index-key projection
   Bf16Tensor comp_wkv, comp_wgate, comp_norm, idx_wk, idx_k_norm;
   // index sources: the indexer's query and head weights

@@ -7,6 +7,7 @@
 #include "io/config.h"
 #include "model/layer_roles.h"
 #include "model/model_stats.h"
+#include "state/row_formats.h"
 #include "state/state_graph.h"
 #include "test_util.h"
 #include "util/error.h"
@@ -180,8 +181,8 @@ TEST(LayerRoles, GoldenConfigMatchesItsReadme) {
 TEST(StateGraph, ReleasedConfigNeeds890BytesPerToken) {
   ModelConfig c = load_config(test::released_config());
   StateGraph g = build_state_graph(c, derive_layer_roles(c));
-  EXPECT_EQ(main_kv_row_bytes(c), 288);
-  EXPECT_EQ(index_key_row_bytes(c), 68);
+  EXPECT_EQ(main_kv_bytes(c.head_dim), 288);
+  EXPECT_EQ(index_key_bytes(c.index_head_dim), 68);
   EXPECT_DOUBLE_EQ(g.global_bytes_per_token(), 890.0);
   const StateClass* kv = g.find("main_kv");
   ASSERT_NE(kv, nullptr);

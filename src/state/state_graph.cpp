@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <set>
 
+#include "state/row_formats.h"
+
 namespace dsv41 {
 
 const char* lifetime_name(Lifetime lifetime) {
@@ -56,10 +58,6 @@ const StateClass* StateGraph::find(const std::string& name) const {
   return nullptr;
 }
 
-int64_t main_kv_row_bytes(const ModelConfig& c) { return c.head_dim / 2 + c.head_dim / 16; }
-int64_t index_key_row_bytes(const ModelConfig& c) { return c.index_head_dim / 2 + c.index_head_dim / 32; }
-int64_t window_row_bytes(const ModelConfig& c) { return c.head_dim + c.head_dim / 32; }
-
 StateGraph build_state_graph(const ModelConfig& c, const std::vector<LayerRole>& roles) {
   auto consumers_of = [&](auto pred) {
     std::vector<int> v;
@@ -75,12 +73,12 @@ StateGraph build_state_graph(const ModelConfig& c, const std::vector<LayerRole>&
     if (!r.kv_source) continue;
     const int l = r.layer;
     StateOwner kv{l, r.compress_ratio, consumers_of([&](const LayerRole& x) { return x.kv_from == l; }),
-                  main_kv_row_bytes(c), 0, 0};
+                  main_kv_bytes(c.head_dim), 0, 0};
     kv.bytes_per_token = static_cast<double>(kv.row_bytes) / r.compress_ratio;
     main_kv.owners.push_back(kv);
     StateOwner keys{l, r.compress_ratio,
                     consumers_of([&](const LayerRole& x) { return x.index_keys_from == l; }),
-                    index_key_row_bytes(c), 0, 0};
+                    index_key_bytes(c.index_head_dim), 0, 0};
     keys.bytes_per_token = static_cast<double>(keys.row_bytes) / r.compress_ratio;
     index_keys.owners.push_back(keys);
     if (r.compress_ratio > 1) {
@@ -95,7 +93,7 @@ StateGraph build_state_graph(const ModelConfig& c, const std::vector<LayerRole>&
   StateClass dspark_window{"dspark_window", "fp8 e4m3 + e8m0 scale per 32", Lifetime::Window, false, {}};
   for (const LayerRole& r : roles) {
     if (r.dspark && !c.has_dspark()) continue;
-    StateOwner o{r.layer, 0, {r.layer}, window_row_bytes(c), 0, c.window_size * window_row_bytes(c)};
+    StateOwner o{r.layer, 0, {r.layer}, window_row_bytes(c.head_dim), 0, c.window_size * window_row_bytes(c.head_dim)};
     (r.dspark ? dspark_window : window).owners.push_back(o);
   }
   g.classes.push_back(window);

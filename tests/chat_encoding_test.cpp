@@ -1,8 +1,10 @@
 // Tests for the V4.1 chat prompt renderer and output parser against docs/chat-encoding.md: every
 // rendered example of the document byte for byte, its parsing examples, streaming at every split
 // point, and rejected requests.
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <iterator>
 #include <random>
 #include <string>
 #include <string_view>
@@ -781,11 +783,16 @@ TEST(ChatOutput, DamagedTurnsNeverBreakTheParser) {
                                            "</think>", "<think>", "<｜end▁of▁sentence｜>", "<", "x"};
   for (int round = 0; round < 150; ++round) {
     std::string turn = random_turn(rng);
+    // Edits land on character boundaries: the server feeds decoded text, never half a character.
+    auto boundary = [&](size_t at) {
+      while (at < turn.size() && (static_cast<unsigned char>(turn[at]) & 0xC0) == 0x80) --at;
+      return at;
+    };
     for (int edits = 1 + static_cast<int>(rng() % 3); edits > 0; --edits) {
-      const size_t at = rng() % (turn.size() + 1);
+      const size_t at = boundary(rng() % (turn.size() + 1));
       switch (rng() % 3) {
         case 0: turn.insert(at, kFragments[rng() % std::size(kFragments)]); break;
-        case 1: turn.erase(at, rng() % 12); break;
+        case 1: turn.erase(at, boundary(std::min(turn.size(), at + rng() % 12)) - at); break;
         default: turn.resize(at); break;
       }
     }

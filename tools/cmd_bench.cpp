@@ -269,7 +269,7 @@ void write_plot(const std::string& path, const nlohmann::json& r) {
   for (size_t i = 0; i < series.size(); ++i) {
     f << "<polyline fill='none' stroke='" << colors[i % 3] << "' stroke-width='2' points='";
     for (auto& [x, y] : series[i].second) f << px(x) << "," << py(y) << " ";
-    f << "'/>\n<text x='" << L + 10 << "' y='" << T + 14 * (i + 1) << "' fill='" << colors[i % 3] << "'>" << series[i].first << "</text>\n";
+    f << "'/>\n<text x='" << L + 10 << "' y='" << T + 14 * static_cast<double>(i + 1) << "' fill='" << colors[i % 3] << "'>" << series[i].first << "</text>\n";
   }
   if (roof_decode > 0) {
     f << "<line x1='" << L << "' y1='" << py(roof_decode) << "' x2='" << W - R << "' y2='" << py(roof_decode)

@@ -23,6 +23,7 @@ commands:
   generate -m DIR (-p TEXT | --prompt-ids IDS)  run the model: prefill, then sample or teacher-force
   logits-diff A B [--json]                      compare two --dump-logits files (max diff, KL, top-1)
   bench -m DIR [--scenario engram] [--json]     measure the engine on a model
+  serve -m DIR [--host H] [--port N]            the OpenAI-compatible HTTP server
 
 'dsv41 <command> --help' describes a command.
 )";
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
     if (command == "generate") return dsv41::cli::run_generate(argc - 2, argv + 2);
     if (command == "logits-diff") return dsv41::cli::run_logits_diff(argc - 2, argv + 2);
     if (command == "bench") return dsv41::cli::run_bench(argc - 2, argv + 2);
+    if (command == "serve") return dsv41::cli::run_serve(argc - 2, argv + 2);
     std::fprintf(stderr, "dsv41: unknown command '%s'\n\n%s", command.c_str(), kUsage);
     return 2;
   } catch (const dsv41::Error& e) {

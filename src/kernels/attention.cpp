@@ -6,8 +6,17 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu_features.h"
 #include "kernels/kernels.h"
+#include "kernels/linear_internal.h"
 #include "numeric/formats.h"
+
+// The reference's roundings are the fp32 operations as written (see linear.cpp).
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
 
 namespace dsv41 {
 
@@ -21,13 +30,18 @@ constexpr float kMaxFloor = -1e30f;
 
 float dot(const float* a, const float* b, int64_t d) {
   float acc = 0.0f;  // bf16·bf16 products are exact in fp32
-  for (int64_t i = 0; i < d; ++i) acc += a[i] * b[i];
+  for (int64_t i = 0; i < d; ++i) {
+    const float prod = a[i] * b[i];
+    acc += prod;
+  }
   return acc;
 }
 
 }  // namespace
 
-void sparse_attention(const float* q, int64_t heads, int64_t d, const std::vector<const float*>& rows,
+namespace detail {
+
+void sparse_attention_scalar(const float* q, int64_t heads, int64_t d, const std::vector<const float*>& rows,
                       const float* sink, float scale, float* out) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   std::vector<float> acc(d), chunk_acc(d);
@@ -60,7 +74,10 @@ void sparse_attention(const float* q, int64_t heads, int64_t d, const std::vecto
         const float* row = rows[t + j];
         if (row == nullptr) continue;  // a zeroed row with p = 0 adds exactly nothing
         const float p = round_bf16(probs[j]);
-        for (int64_t i = 0; i < d; ++i) chunk_acc[i] += p * row[i];  // bf16·bf16: exact products
+        for (int64_t i = 0; i < d; ++i) {
+          const float prod = p * row[i];  // bf16·bf16: exact products
+          chunk_acc[i] += prod;
+        }
       }
       // sum_exp * scale + p.sum(); acc_o * scale + P·V — rescale first, then add the chunk's part.
       const float kept_sum = sum * rescale;
@@ -77,6 +94,21 @@ void sparse_attention(const float* q, int64_t heads, int64_t d, const std::vecto
     float* oh = out + h * d;
     for (int64_t i = 0; i < d; ++i) oh[i] = round_bf16(acc[i] / sum);
   }
+}
+
+}  // namespace detail
+
+void sparse_attention(const float* q, int64_t heads, int64_t d, const std::vector<const float*>& rows,
+                      const float* sink, float scale, float* out) {
+  switch (active_isa()) {
+    case Isa::avx512:
+      return detail::sparse_attention_avx512(q, heads, d, rows, sink, scale, out);
+    case Isa::avx2:
+      return detail::sparse_attention_avx2(q, heads, d, rows, sink, scale, out);
+    case Isa::scalar:
+      break;
+  }
+  detail::sparse_attention_scalar(q, heads, d, rows, sink, scale, out);
 }
 
 }  // namespace dsv41

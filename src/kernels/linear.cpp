@@ -1,5 +1,5 @@
 // Scalar reference linear layers (model-spec §3.1 "linear"; the port's fp8_gemm / fp4_gemm and
-// F.linear), and the dispatch to the fast versions (linear_avx2.cpp, linear_avx512.cpp).
+// F.linear), and the dispatch to the fast versions (simd_avx2.cpp, simd_avx512.cpp).
 // Summation runs in index order: the reference's BLAS order is unspecified, so bit-exact agreement
 // with it is not possible anyway, and a fixed order makes the faster versions testable. The fast
 // versions keep exactly these chains (see linear_internal.h), so every level gives the same bits.

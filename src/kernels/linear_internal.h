@@ -1,5 +1,5 @@
-// Internals of the linear-layer kernels: the scalar references, the per-ISA fast versions (the tests
-// compare them directly, whatever DSV41_ISA says) and the pieces both share.
+// Internals of the linear-layer and attention kernels: the scalar references, the per-ISA fast
+// versions (the tests compare them directly, whatever DSV41_ISA says) and the pieces both share.
 //
 // Summation order, which every version reproduces bit for bit (model-spec §3.1 fixes only "fp32 in K
 // order" between blocks; the order inside a block is the reference's BLAS/MMA detail and unknown):
@@ -35,6 +35,10 @@ struct QuantizedActivations {
 // Rows are quantized in parallel on the kernel thread pool when `parallel`.
 QuantizedActivations quantize_activations(const float* x, int64_t m, int64_t k, float prescale, bool parallel);
 
+// The same with the ISA's vector code (the fast linear layers use these; the results are identical).
+QuantizedActivations quantize_activations_avx2(const float* x, int64_t m, int64_t k, float prescale);
+QuantizedActivations quantize_activations_avx512(const float* x, int64_t m, int64_t k, float prescale);
+
 // One output of a quantized linear layer in the reference order, from decoded weights: w[j] =
 // table[code j] (times a power of two that cancels the activations' prescale). `wscale` holds the
 // row's k/32 weight scales as e8m0 codes.
@@ -59,5 +63,13 @@ void linear_fp8_avx512(const float* x, int64_t m, const Fp8Matrix& w, float* y);
 void linear_fp4_avx512(const float* x, int64_t m, const Fp4Matrix& w, float* y);
 void linear_bf16_avx512(const float* x, int64_t m, const Bf16Matrix& w, float* y);
 void linear_f32_avx512(const float* x, int64_t m, const Bf16Matrix& w, float* y);
+
+// sparse_attention: the scalar reference and the fast versions (same bits; heads split over the pool).
+void sparse_attention_scalar(const float* q, int64_t heads, int64_t d, const std::vector<const float*>& rows,
+                             const float* sink, float scale, float* out);
+void sparse_attention_avx2(const float* q, int64_t heads, int64_t d, const std::vector<const float*>& rows,
+                           const float* sink, float scale, float* out);
+void sparse_attention_avx512(const float* q, int64_t heads, int64_t d, const std::vector<const float*>& rows,
+                             const float* sink, float scale, float* out);
 
 }  // namespace dsv41::detail

@@ -22,6 +22,10 @@ thread_local bool t_inside_pool = false;
 // wake-up per call. Longer idle periods park, so an idle process does not burn a core.
 constexpr auto kSpinFor = std::chrono::microseconds(100);
 
+// Chunks per thread: enough that a thread sharing its core with another process does not hold the
+// others up, few enough that taking one (an atomic increment) stays negligible.
+constexpr int kChunksPerThread = 4;
+
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   _mm_pause();
@@ -74,7 +78,7 @@ void ThreadPool::start(int threads) {
   workers_.reserve(static_cast<size_t>(threads_ - 1));
   // Workers wait for the generation to move past today's: earlier jobs (before a resize) are done.
   const uint64_t now = generation_.load(std::memory_order_relaxed);
-  for (int i = 1; i < threads_; ++i) workers_.emplace_back([this, i, now] { worker(i, now); });
+  for (int i = 1; i < threads_; ++i) workers_.emplace_back([this, now] { worker(now); });
 }
 
 void ThreadPool::stop() {
@@ -90,29 +94,30 @@ void ThreadPool::resize(int threads) {
   start(threads);
 }
 
-void ThreadPool::run_chunk(int index) noexcept {
+void ThreadPool::run_chunks() noexcept {
   const Job& job = job_;
-  if (index >= job.chunks) return;
-  // Chunk c gets units [c·U/C, (c+1)·U/C): sizes differ by at most one grain.
-  const int64_t u0 = job.units * index / job.chunks;
-  const int64_t u1 = job.units * (index + 1) / job.chunks;
-  const int64_t begin = u0 * job.grain;
-  const int64_t end = std::min(job.n, u1 * job.grain);
-  if (begin >= end) return;
-  try {
-    job.call(job.ctx, begin, end);
-  } catch (...) {
-    const std::lock_guard<std::mutex> lock(error_mutex_);
-    if (!error_) error_ = std::current_exception();
+  for (;;) {
+    const int64_t c = next_chunk_.fetch_add(1, std::memory_order_relaxed);
+    if (c >= job.chunks) return;
+    // Chunk c gets units [c·U/C, (c+1)·U/C): sizes differ by at most one grain.
+    const int64_t begin = job.units * c / job.chunks * job.grain;
+    const int64_t end = std::min(job.n, job.units * (c + 1) / job.chunks * job.grain);
+    if (begin >= end) continue;
+    try {
+      job.call(job.ctx, begin, end);
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(error_mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
   }
 }
 
-void ThreadPool::worker(int index, uint64_t seen) {
+void ThreadPool::worker(uint64_t seen) {
   t_inside_pool = true;
   for (;;) {
     seen = wait_for_change(generation_, seen);
     if (stopping_.load(std::memory_order_relaxed)) return;
-    run_chunk(index);
+    run_chunks();
     if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
   }
 }
@@ -121,18 +126,19 @@ void ThreadPool::run(int64_t n, int64_t grain, RangeFn call, void* ctx) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
   const int64_t units = (n + grain - 1) / grain;
-  const int chunks = static_cast<int>(std::min<int64_t>(units, threads_));
-  if (chunks <= 1 || t_inside_pool || busy_.exchange(true, std::memory_order_acquire)) {
+  const int64_t chunks = std::min<int64_t>(units, int64_t{kChunksPerThread} * threads_);
+  if (threads_ <= 1 || chunks <= 1 || t_inside_pool || busy_.exchange(true, std::memory_order_acquire)) {
     call(ctx, 0, n);
     return;
   }
   job_ = Job{call, ctx, n, grain, units, chunks};
+  next_chunk_.store(0, std::memory_order_relaxed);
   pending_.store(threads_ - 1, std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_release);  // publishes job_ and pending_
+  generation_.fetch_add(1, std::memory_order_release);  // publishes job_, next_chunk_ and pending_
   generation_.notify_all();
 
   t_inside_pool = true;
-  run_chunk(0);
+  run_chunks();
   t_inside_pool = false;
 
   for (int left = pending_.load(std::memory_order_acquire); left != 0;) {

@@ -1,10 +1,11 @@
 // A persistent worker pool for the kernels: threads are created once and park between calls, so a
 // decode step's many small GEMVs pay a wake-up, not a thread creation, each.
 //
-// parallel_for(n, grain, fn) calls fn(begin, end) on disjoint sub-ranges that cover [0, n), one per
-// thread, each (but the last) a multiple of `grain` long; the calling thread runs the first one. The
-// kernels compute every output element the same way whatever range holds it, so results do not
-// depend on the thread count.
+// parallel_for(n, grain, fn) calls fn(begin, end) on disjoint sub-ranges that cover [0, n), each
+// starting at a multiple of `grain`. The range is cut into a few chunks per thread, which the calling
+// thread and the workers take in turn, so a thread slowed down by other processes on its core takes
+// fewer of them instead of holding everyone up. The kernels compute every output element the same
+// way whatever chunk holds it, so results do not depend on the thread count or the split.
 //
 // One parallel_for runs at a time: a call made while the pool is busy (from a worker, i.e. nested, or
 // from a second thread) runs the whole range inline on the calling thread, so callers need no locking.
@@ -54,12 +55,12 @@ class ThreadPool {
     RangeFn call = nullptr;
     void* ctx = nullptr;
     int64_t n = 0, grain = 1, units = 0;
-    int chunks = 0;
+    int64_t chunks = 0;
   };
 
   void run(int64_t n, int64_t grain, RangeFn call, void* ctx);
-  void run_chunk(int index) noexcept;
-  void worker(int index, uint64_t seen);
+  void run_chunks() noexcept;  // takes chunks until none is left
+  void worker(uint64_t seen);
   void start(int threads);
   void stop();
 
@@ -68,6 +69,7 @@ class ThreadPool {
   Job job_;
   std::atomic<uint64_t> generation_{0};  // bumped once per job; workers wait for it to change
   std::atomic<int> pending_{0};          // workers yet to finish the current job
+  std::atomic<int64_t> next_chunk_{0};
   std::atomic<bool> busy_{false};
   std::atomic<bool> stopping_{false};
   std::mutex error_mutex_;

@@ -325,6 +325,7 @@ void Engine::Impl::loop() {
     stats.last_batch_size = batch;
     stats.requests_running = running.size();
     stats.kv_pages_in_use = pools->pages_in_use();
+    stats.cache_pages_in_use = cache->pages_held();
     stats.kv_bytes_in_use = pools->bytes_in_use();
   }
   // shutting down: everyone still here is told

@@ -60,6 +60,7 @@ struct EngineMetrics {
   uint64_t prompt_tokens_total = 0, generation_tokens_total = 0, cached_tokens_total = 0;
   uint64_t steps_total = 0, last_batch_size = 0;
   uint64_t kv_pages_in_use = 0;
+  uint64_t cache_pages_in_use = 0;  // of those, held by the prefix cache for later requests
   uint64_t kv_bytes_in_use = 0, kv_budget_bytes = 0;
 };
 

@@ -59,6 +59,7 @@ class PrefixCache {
   uint64_t store(const std::vector<int32_t>& tokens, const SequenceState& state);
 
   uint64_t ram_bytes() const { return tree_.bytes(); }
+  uint64_t pages_held() const { return blocks_.size() * sources_.size() * 2; }  // a main and a key page per source
   size_t ram_blocks() const { return blocks_.size(); }
   void clear_ram();
 

@@ -37,6 +37,7 @@ std::string render_metrics(const EngineMetrics& m, const HttpCounters& h) {
   metric(out, "dsv41_steps_total", "counter", "Scheduler steps run.", m.steps_total);
   metric(out, "dsv41_batch_size", "gauge", "Sequences in the last scheduler step.", m.last_batch_size);
   metric(out, "dsv41_kv_pages_in_use", "gauge", "KV pages allocated (running sequences and the prefix cache).", m.kv_pages_in_use);
+  metric(out, "dsv41_prefix_cache_pages", "gauge", "KV pages the prefix cache holds (part of kv_pages_in_use).", m.cache_pages_in_use);
   metric(out, "dsv41_kv_bytes_in_use", "gauge", "Bytes of the KV pages allocated.", m.kv_bytes_in_use);
   metric(out, "dsv41_kv_budget_bytes", "gauge", "The KV memory budget admission works within.", m.kv_budget_bytes);
   out += "# HELP dsv41_http_responses_total HTTP responses sent, by status class.\n"

@@ -1,8 +1,10 @@
 #include "server/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
+#include <sstream>
 
 #include "util/error.h"
 
@@ -29,14 +31,21 @@ bool get_bool(const ojson& body, const char* key, bool fallback) {
   return v->get<bool>();
 }
 
+// A bound as a person writes it: 0, 2, 0.5 (std::to_string would give 0.000000).
+std::string bound(double x) {
+  std::ostringstream s;
+  s << x;
+  return s.str();
+}
+
 double get_number(const ojson& body, const char* key, double fallback, double lo, double hi, bool lo_open = false) {
   const ojson* v = field(body, key);
   if (v == nullptr) return fallback;
   if (!v->is_number()) throw invalid_request(key, std::string(key) + " must be a number, got " + kind(*v));
   const double x = v->get<double>();
   if (!(lo_open ? x > lo : x >= lo) || !(x <= hi)) {
-    throw invalid_request(key, std::string(key) + " must be in " + (lo_open ? "(" : "[") + std::to_string(lo) +
-                                   ", " + std::to_string(hi) + "], got " + v->dump());
+    throw invalid_request(key, std::string(key) + " must be in " + (lo_open ? "(" : "[") + bound(lo) + ", " +
+                                   bound(hi) + "], got " + v->dump());
   }
   return x;
 }
@@ -151,7 +160,7 @@ void parse_chat(const ojson& body, const ModelInfo& model, ApiRequest& req) {
     throw invalid_request("messages", std::string("malformed chat request: ") + e.what());
   }
   if (!prompt.images.empty()) throw invalid_request("messages", "image inputs are not supported by this server");
-  req.thinking = prompt.thinking;
+  req.thinking = prompt.starts_in_reasoning;  // where the output begins (a continued answer starts outside reasoning)
   req.prompt_text = std::move(prompt.text);
   req.params.prompt = model.tokenizer->encode(req.prompt_text, /*parse_special=*/true);
   if (const ojson* tools = field(body, "tools")) req.tools = tools->is_array() && !tools->empty();
@@ -244,6 +253,7 @@ void parse_max_tokens(const ojson& body, const ModelInfo& model, ApiRequest& req
   const char* key = field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   const char* prompt_field = req.endpoint == Endpoint::ChatCompletions ? "messages" : "prompt";
   int64_t max_tokens = model.context_length - prompt;
+  if (model.default_max_tokens > 0) max_tokens = std::min(max_tokens, model.default_max_tokens);
   const bool given = field(body, key) != nullptr;
   if (given) {
     max_tokens = require_integer(*field(body, key), key);

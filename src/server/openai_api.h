@@ -5,8 +5,9 @@
 // Accepted fields (others are ignored, as OpenAI-compatible servers do):
 //   model                 must name the served model (404 model_not_found otherwise); may be omitted
 //   stream, stream_options.include_usage (only with stream)
-//   n (1 only), max_tokens / max_completion_tokens (>= 1; default: the rest of the context),
-//   temperature [0, 2], top_p (0, 1], seed (integer; default: a random one), stop (string or array),
+//   n (1 only), max_tokens / max_completion_tokens (>= 1; default: ModelInfo::default_max_tokens),
+//   temperature [0, 2], top_p (0, 1], seed (integer; default: a random one), stop (string or array;
+//   matched in the decoded output, reasoning included, as the engine sees it),
 //   presence_penalty / frequency_penalty (0 only), logit_bias (empty only), ignore_eos (bool)
 //   chat:        messages, tools, tool_choice, response_format and the thinking knobs, as
 //                text/chat_encoding.h reads them; logprobs (bool), top_logprobs (0..20)
@@ -37,6 +38,10 @@ enum class Endpoint { ChatCompletions, Completions };
 struct ModelInfo {
   std::string name;            // the model id clients must use
   int64_t context_length = 0;  // prompt + max_tokens must fit
+  // max_tokens when a request gives none: this, or the rest of the context if that is less (0: the
+  // rest of the context). A cap, because the engine reserves KV memory for max_tokens up front and
+  // the rest of a 1M-token context would not fit any budget.
+  int64_t default_max_tokens = 0;
   int32_t bos_id = 0;
   const Tokenizer* tokenizer = nullptr;
   ChatOptions chat;            // server defaults for the chat template (thinking on or off)

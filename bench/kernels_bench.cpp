@@ -1,0 +1,292 @@
+// Micro-benchmarks of the linear-layer kernels (Google Benchmark), at the released model's shapes.
+//
+//  * GEMV (m = 1, the decode step) is bound by reading the weights: it reports bytes/s of weight data
+//    (bytes_per_second), to set against StreamRead, a plain parallel sum over 1 GiB on the same pool.
+//    Each iteration reads a different copy of the weights from a set larger than 1 GiB, as a decode
+//    step reads every layer's weights once: measuring one hot copy would time the cache instead.
+//  * GEMM (m = 64..512, prefill) is bound by arithmetic: it reports FLOP/s (2·m·n·k per call).
+//
+// Arguments: the ISA level (0 scalar, 1 AVX2, 2 AVX-512; a level the CPU lacks is skipped) and, for
+// the GEMVs, the thread count. DSV41_THREADS sets the pool size otherwise.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cmath>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu_features.h"
+#include "kernels/kernels.h"
+#include "kernels/linear_internal.h"
+#include "kernels/thread_pool.h"
+#include "numeric/formats.h"
+
+namespace {
+
+using namespace dsv41;
+
+constexpr size_t kRotateBytes = size_t{1} << 30;  // weight copies cycled through: beyond any cache
+
+// Selects the ISA level and pool size for one benchmark; false (and the benchmark skipped) when the
+// CPU lacks the level.
+bool setup(benchmark::State& state, int64_t isa_arg, int64_t threads) {
+  const Isa isa = static_cast<Isa>(isa_arg);
+  if (!isa_supported(isa)) {
+    state.SkipWithError("ISA level not supported by this CPU");
+    return false;
+  }
+  set_active_isa(isa);
+  if (threads > 0 && ThreadPool::global().threads() != threads) ThreadPool::global().resize(static_cast<int>(threads));
+  state.SetLabel(std::string(isa_name()) + " x" + std::to_string(ThreadPool::global().threads()));
+  return true;
+}
+
+std::vector<float> activations(int64_t m, int64_t k) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(m * k));
+  for (auto& v : x) v = round_bf16(dist(rng));
+  return x;
+}
+
+// A weight byte pattern resembling a checkpoint's: e4m3 codes of roughly Gaussian values (no NaN
+// codes), or random E2M1 nibbles; copies differ only by where they live in memory.
+std::vector<uint8_t> weight_bytes(size_t n, bool fp8) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 60.0f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<uint8_t> v(n);
+  for (auto& c : v) c = fp8 ? e4m3_from_f32(dist(rng)) : static_cast<uint8_t>(byte(rng));
+  return v;
+}
+
+// `copies` copies of one weight tensor, enough of them to exceed kRotateBytes when `rotate`.
+struct Copies {
+  std::vector<std::unique_ptr<uint8_t[]>> data;
+  size_t bytes = 0;
+  Copies(const std::vector<uint8_t>& src, bool rotate) : bytes(src.size()) {
+    const size_t count = rotate ? std::max<size_t>(1, (kRotateBytes + bytes - 1) / bytes) : 1;
+    for (size_t c = 0; c < count; ++c) {
+      data.emplace_back(new uint8_t[bytes]);
+      std::memcpy(data.back().get(), src.data(), bytes);
+    }
+  }
+  const uint8_t* get(size_t iteration) const { return data[iteration % data.size()].get(); }
+};
+
+// ---- streaming-read reference -------------------------------------------------------------------
+
+// Sums a 1 GiB buffer as uint64 words split over the pool: the bandwidth a weight stream can expect.
+void StreamRead(benchmark::State& state) {
+  if (!setup(state, static_cast<int64_t>(detected_isa()), state.range(0))) return;
+  const size_t words = kRotateBytes / sizeof(uint64_t);
+  std::unique_ptr<uint64_t[]> buf(new uint64_t[words]);
+  for (size_t i = 0; i < words; ++i) buf[i] = i;
+  std::atomic<uint64_t> sink{0};
+  for (auto _ : state) {
+    parallel_for(static_cast<int64_t>(words), 4096, [&](int64_t b, int64_t e) {
+      uint64_t s[8] = {};
+      for (int64_t i = b; i < e; i += 8) {  // chunks are whole multiples of 4096 words
+        for (int j = 0; j < 8; ++j) s[j] += buf[i + j];
+      }
+      uint64_t t = 0;
+      for (uint64_t v : s) t += v;
+      sink.fetch_add(t, std::memory_order_relaxed);  // keeps the sum live
+    });
+  }
+  benchmark::DoNotOptimize(sink.load());
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(kRotateBytes));
+}
+BENCHMARK(StreamRead)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// ---- GEMV (m = 1) ---------------------------------------------------------------------------------
+
+// Args: n (outputs), k (inputs), ISA level, threads.
+void Fp8Gemv(benchmark::State& state) {
+  const int64_t n = state.range(0), k = state.range(1);
+  if (!setup(state, state.range(2), state.range(3))) return;
+  const Copies w(weight_bytes(static_cast<size_t>(n * k), true), true);
+  std::mt19937 rng(3);
+  std::vector<uint8_t> scales(static_cast<size_t>(((n + 31) / 32) * (k / 32)));
+  for (auto& c : scales) c = static_cast<uint8_t>(120 + rng() % 8);
+  const std::vector<float> x = activations(1, k);
+  std::vector<float> y(static_cast<size_t>(n));
+  size_t it = 0;
+  for (auto _ : state) {
+    linear_fp8(x.data(), 1, Fp8Matrix{w.get(it++), scales.data(), n, k}, y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(w.bytes + scales.size()));
+}
+
+void Fp4Gemv(benchmark::State& state) {
+  const int64_t n = state.range(0), k = state.range(1);
+  if (!setup(state, state.range(2), state.range(3))) return;
+  const Copies w(weight_bytes(static_cast<size_t>(n * k / 2), false), true);
+  std::mt19937 rng(3);
+  std::vector<uint8_t> scales(static_cast<size_t>(n * (k / 32)));
+  for (auto& c : scales) c = static_cast<uint8_t>(120 + rng() % 8);
+  const std::vector<float> x = activations(1, k);
+  std::vector<float> y(static_cast<size_t>(n));
+  size_t it = 0;
+  for (auto _ : state) {
+    linear_fp4(x.data(), 1, Fp4Matrix{w.get(it++), scales.data(), n, k}, y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(w.bytes + scales.size()));
+}
+
+// linear_f32 (router, head) and linear_bf16 (compressor, indexer) GEMVs; arg 4: 0 = f32, 1 = bf16.
+void Bf16Gemv(benchmark::State& state) {
+  const int64_t n = state.range(0), k = state.range(1);
+  if (!setup(state, state.range(2), state.range(3))) return;
+  std::vector<uint8_t> src(static_cast<size_t>(n * k * 2));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 0.05f);
+  for (size_t i = 0; i < src.size(); i += 2) {
+    const uint16_t b = bf16_from_f32(dist(rng));
+    std::memcpy(&src[i], &b, 2);
+  }
+  const Copies w(src, true);
+  const std::vector<float> x = activations(1, k);
+  std::vector<float> y(static_cast<size_t>(n));
+  size_t it = 0;
+  const bool bf16 = state.range(4) != 0;
+  for (auto _ : state) {
+    const Bf16Matrix mat{reinterpret_cast<const uint16_t*>(w.get(it++)), n, k};
+    if (bf16) {
+      linear_bf16(x.data(), 1, mat, y.data());
+    } else {
+      linear_f32(x.data(), 1, mat, y.data());
+    }
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(w.bytes));
+}
+
+void GemvArgs(benchmark::internal::Benchmark* b, const std::vector<std::pair<int64_t, int64_t>>& shapes) {
+  b->ArgNames({"n", "k", "isa", "threads"});
+  for (const auto& [n, k] : shapes) {
+    for (const int64_t isa : {0, 1, 2}) {
+      for (const int64_t threads : {1, 2}) {
+        if (isa == 0 && threads == 2) continue;  // the scalar reference is single-threaded
+        b->Args({n, k, isa, threads});
+      }
+    }
+  }
+  b->UseRealTime()->Unit(benchmark::kMicrosecond);
+}
+
+// wq_a 5120 -> 1280, wq_b 1280 -> 32768 (FP8); expert w1/w3 5120 -> 2304 and w2 2304 -> 5120 (FP4).
+BENCHMARK(Fp8Gemv)->Apply([](benchmark::internal::Benchmark* b) { GemvArgs(b, {{1280, 5120}, {32768, 1280}}); });
+BENCHMARK(Fp4Gemv)->Apply([](benchmark::internal::Benchmark* b) { GemvArgs(b, {{2304, 5120}, {5120, 2304}}); });
+// Router 5120 -> 256 (f32) and a 5120 -> 16384 slice of the head (f32); compressor-like 5120 -> 512 (bf16).
+BENCHMARK(Bf16Gemv)
+    ->ArgNames({"n", "k", "isa", "threads", "bf16"})
+    ->Args({256, 5120, 2, 2, 0})
+    ->Args({16384, 5120, 0, 1, 0})
+    ->Args({16384, 5120, 1, 2, 0})
+    ->Args({16384, 5120, 2, 1, 0})
+    ->Args({16384, 5120, 2, 2, 0})
+    ->Args({512, 5120, 2, 2, 1})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// ---- GEMM (m > 1) -------------------------------------------------------------------------------
+
+// Args: m, n, k, ISA level. One hot weight copy: at these m the arithmetic, not the read, bounds it.
+void Fp8Gemm(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  if (!setup(state, state.range(3), 0)) return;
+  const std::vector<uint8_t> w = weight_bytes(static_cast<size_t>(n * k), true);
+  std::vector<uint8_t> scales(static_cast<size_t>(((n + 31) / 32) * (k / 32)), 125);
+  const std::vector<float> x = activations(m, k);
+  std::vector<float> y(static_cast<size_t>(m * n));
+  for (auto _ : state) {
+    linear_fp8(x.data(), m, Fp8Matrix{w.data(), scales.data(), n, k}, y.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["FLOP/s"] =
+      benchmark::Counter(static_cast<double>(2 * m * n * k), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void Fp4Gemm(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  if (!setup(state, state.range(3), 0)) return;
+  const std::vector<uint8_t> w = weight_bytes(static_cast<size_t>(n * k / 2), false);
+  std::vector<uint8_t> scales(static_cast<size_t>(n * (k / 32)), 125);
+  const std::vector<float> x = activations(m, k);
+  std::vector<float> y(static_cast<size_t>(m * n));
+  for (auto _ : state) {
+    linear_fp4(x.data(), m, Fp4Matrix{w.data(), scales.data(), n, k}, y.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["FLOP/s"] =
+      benchmark::Counter(static_cast<double>(2 * m * n * k), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void GemmArgs(benchmark::internal::Benchmark* b, int64_t n, int64_t k) {
+  b->ArgNames({"m", "n", "k", "isa"});
+  b->Args({64, n, k, 0});  // the scalar reference, once, for scale
+  for (const int64_t m : {64, 128, 256, 512}) {
+    for (const int64_t isa : {1, 2}) b->Args({m, n, k, isa});
+  }
+  b->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+
+BENCHMARK(Fp8Gemm)->Apply([](benchmark::internal::Benchmark* b) { GemmArgs(b, 1280, 5120); });
+BENCHMARK(Fp4Gemm)->Apply([](benchmark::internal::Benchmark* b) { GemmArgs(b, 2304, 5120); });
+
+// ---- activation quantization ----------------------------------------------------------------------
+
+// act_quant of one 5120-wide row, which every quantized GEMV pays before reading weights: the
+// scalar reference (arg 0) and the vector versions the fast kernels use (1 AVX2, 2 AVX-512).
+void ActQuant(benchmark::State& state) {
+  const int64_t k = state.range(0);
+  const Isa isa = static_cast<Isa>(state.range(1));
+  if (!isa_supported(isa)) {
+    state.SkipWithError("ISA level not supported by this CPU");
+    return;
+  }
+  state.SetLabel(isa_name(isa));
+  const std::vector<float> x = activations(1, k);
+  for (auto _ : state) {
+    detail::QuantizedActivations q = isa == Isa::avx512 ? detail::quantize_activations_avx512(x.data(), 1, k, 1.0f)
+                                     : isa == Isa::avx2 ? detail::quantize_activations_avx2(x.data(), 1, k, 1.0f)
+                                                        : detail::quantize_activations(x.data(), 1, k, 1.0f, false);
+    benchmark::DoNotOptimize(q.values.data());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * k);
+}
+BENCHMARK(ActQuant)->ArgNames({"k", "isa"})->Args({5120, 0})->Args({5120, 1})->Args({5120, 2})->Unit(benchmark::kMicrosecond);
+
+// One query of sparse attention at the released shape (64 heads, d = 512, 128 window + 512
+// selected rows); arg: ISA level.
+void SparseAttention(benchmark::State& state) {
+  if (!setup(state, state.range(0), 0)) return;
+  const int64_t heads = 64, d = 512, len = 640;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> q(static_cast<size_t>(heads * d)), kv(static_cast<size_t>(len * d)), sink(heads, 0.5f);
+  for (auto& v : q) v = round_bf16(dist(rng) * 0.05f);
+  for (auto& v : kv) v = round_bf16(dist(rng));
+  std::vector<const float*> rows(static_cast<size_t>(len));
+  for (int64_t j = 0; j < len; ++j) rows[j] = kv.data() + j * d;
+  std::vector<float> out(q.size());
+  for (auto _ : state) {
+    sparse_attention(q.data(), heads, d, rows, sink.data(), 1.0f / std::sqrt(static_cast<float>(d)), out.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["FLOP/s"] = benchmark::Counter(static_cast<double>(4 * heads * len * d),
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(SparseAttention)->ArgName("isa")->Arg(0)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

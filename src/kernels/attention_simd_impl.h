@@ -1,0 +1,149 @@
+// The ISA-independent part of the fast sparse attention, included by simd_avx2.cpp and
+// simd_avx512.cpp inside their target region and namespace, after `V` (see linear_simd_impl.h).
+//
+// Same operations in the same order as the reference (attention.cpp), vectorized where the order
+// allows it:
+//  * q·k: each logit is a sequential chain over d. Lanes are heads (q transposed once per call) and
+//    each K row value is broadcast, so every lane runs its own head's chain; four rows at a time give
+//    independent chains to hide the add latency.
+//  * P·V: chunk_acc[i] is a chain over the chunk's rows for each i: lanes are i.
+//  * products are rounded separately (mul, then add) as in the reference, so the results match it
+//    even for inputs that are not bf16 values.
+//  * the running max, exp, the sums and the rescale stay scalar per head, as written.
+// Heads are split over the thread pool in groups of one vector; results do not depend on the split.
+//
+// No include guard on purpose: each ISA file includes it once, in its own namespace.
+
+struct AttentionScratch {
+  std::vector<float> qt, acc, scores;
+};
+inline AttentionScratch& attention_scratch() {
+  thread_local AttentionScratch s;
+  return s;
+}
+
+constexpr int64_t kAttnChunk = 64;      // the reference's block of indices (K41:328)
+constexpr float kAttnMaxFloor = -1e30f;  // its finite floor for the running max (K41:352-355)
+
+// Logits q·row for the heads of one vector (qt: [d][W], heads in lanes) against `count` rows, which
+// are all non-null; out[j][W].
+template <int R>
+inline void logits_rows(const float* qt, int64_t d, const float* const* rows, float* out) {
+  V::F acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = V::zero();
+  for (int64_t i = 0; i < d; ++i) {
+    const V::F qv = V::load(qt + i * V::W);
+    for (int r = 0; r < R; ++r) acc[r] = V::add(acc[r], V::mul(qv, V::set1(rows[r][i])));
+  }
+  for (int r = 0; r < R; ++r) V::store(out + r * V::W, acc[r]);
+}
+
+// Heads [h0, h1) of the query (h0 a multiple of W).
+inline void attention_heads(const float* q, int64_t heads, int64_t d, const std::vector<const float*>& rows,
+                            const float* sink, float scale, float* out, int64_t h0, int64_t h1) {
+  (void)heads;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  AttentionScratch& s = attention_scratch();
+  const int64_t nh = h1 - h0;
+  const int64_t groups = (nh + V::W - 1) / V::W;
+  float* qt = grow(s.qt, static_cast<size_t>(groups * d * V::W));  // [group][d][W]
+  float* acc = grow(s.acc, static_cast<size_t>(nh * d));           // [head][d]
+  float* logits = grow(s.scores, static_cast<size_t>(groups * kAttnChunk * V::W));  // [group][j][W]
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t i = 0; i < d; ++i) {
+      for (int l = 0; l < V::W; ++l) {
+        const int64_t h = h0 + g * V::W + l;
+        qt[(g * d + i) * V::W + l] = h < h1 ? q[h * d + i] : 0.0f;
+      }
+    }
+  }
+  std::fill(acc, acc + nh * d, 0.0f);
+  std::vector<float> running_max(static_cast<size_t>(nh), kAttnMaxFloor), sum(static_cast<size_t>(nh), 0.0f);
+  const int64_t dv = d / V::W * V::W;  // vector part of d; the rest runs scalar, in the same order
+  float scores[kAttnChunk], probs[kAttnChunk];
+  const float* live[kAttnChunk];
+  int64_t live_at[kAttnChunk];
+  for (size_t t = 0; t < rows.size(); t += kAttnChunk) {
+    const int64_t len = static_cast<int64_t>(std::min<size_t>(kAttnChunk, rows.size() - t));
+    // The chunk's non-null rows, in order; null ones get -inf logits.
+    int64_t nlive = 0;
+    for (int64_t j = 0; j < len; ++j) {
+      if (rows[t + j] != nullptr) {
+        live[nlive] = rows[t + j];
+        live_at[nlive++] = j;
+      }
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* qg = qt + g * d * V::W;
+      float* lg = logits + g * kAttnChunk * V::W;
+      int64_t r = 0;
+      for (; r + 4 <= nlive; r += 4) logits_rows<4>(qg, d, live + r, lg + r * V::W);
+      for (; r < nlive; ++r) logits_rows<1>(qg, d, live + r, lg + r * V::W);
+    }
+    for (int64_t hl = 0; hl < nh; ++hl) {
+      const float* lg = logits + (hl / V::W) * kAttnChunk * V::W + hl % V::W;
+      float chunk_max = neg_inf;
+      for (int64_t j = 0; j < len; ++j) scores[j] = neg_inf * scale;
+      for (int64_t r = 0; r < nlive; ++r) scores[live_at[r]] = lg[r * V::W] * scale;
+      for (int64_t j = 0; j < len; ++j) chunk_max = std::max(chunk_max, scores[j]);
+      const float new_max = std::max(running_max[hl], chunk_max);
+      const float rescale = std::exp(running_max[hl] - new_max);
+      float chunk_sum = 0.0f;
+      for (int64_t j = 0; j < len; ++j) {
+        probs[j] = std::exp(scores[j] - new_max);
+        chunk_sum += probs[j];
+      }
+      // P·V and the rescale of the running sums, eight vectors of d at a time.
+      float* ah = acc + hl * d;
+      const V::F rv = V::set1(rescale);
+      for (int64_t i0 = 0; i0 < dv; i0 += 8 * V::W) {
+        const int nv = static_cast<int>(std::min<int64_t>(8, (dv - i0) / V::W));
+        V::F part[8];
+        for (int v = 0; v < 8; ++v) part[v] = V::zero();
+        for (int64_t r = 0; r < nlive; ++r) {
+          const V::F p = V::set1(round_bf16(probs[live_at[r]]));
+          const float* row = live[r] + i0;
+          for (int v = 0; v < nv; ++v) part[v] = V::add(part[v], V::mul(p, V::load(row + v * V::W)));
+        }
+        for (int v = 0; v < nv; ++v) {
+          float* a = ah + i0 + v * V::W;
+          V::store(a, V::add(V::mul(V::load(a), rv), part[v]));
+        }
+      }
+      for (int64_t i = dv; i < d; ++i) {
+        float part = 0.0f;
+        for (int64_t r = 0; r < nlive; ++r) {
+          const float prod = round_bf16(probs[live_at[r]]) * live[r][i];
+          part += prod;
+        }
+        const float kept = ah[i] * rescale;
+        ah[i] = kept + part;
+      }
+      const float kept_sum = sum[hl] * rescale;
+      sum[hl] = kept_sum + chunk_sum;
+      running_max[hl] = new_max;
+    }
+  }
+  for (int64_t hl = 0; hl < nh; ++hl) {
+    const int64_t h = h0 + hl;
+    const float total = sum[hl] + std::exp(sink[h] - running_max[hl]);
+    const float* ah = acc + hl * d;
+    float* oh = out + h * d;
+    const V::F tv = V::set1(total);
+    int64_t i = 0;
+    for (; i + V::W <= d; i += V::W) V::store(oh + i, V::round_bf16(V::div(V::load(ah + i), tv)));
+    for (; i < d; ++i) oh[i] = round_bf16(ah[i] / total);
+  }
+}
+
+inline void sparse_attention_simd(const float* q, int64_t heads, int64_t d, const std::vector<const float*>& rows,
+                                  const float* sink, float scale, float* out) {
+  if (heads <= 0) return;
+  const auto body = [&](int64_t h0, int64_t h1) { attention_heads(q, heads, d, rows, sink, scale, out, h0, h1); };
+  // Work of one query: heads · rows · d multiply-adds, twice. Small ones stay on the calling thread.
+  if (heads * static_cast<int64_t>(rows.size()) * d >= (int64_t{1} << 16) && heads > V::W) {
+    parallel_for(heads, V::W, body);
+  } else {
+    body(0, heads);
+  }
+}

@@ -1,0 +1,158 @@
+// Drives a running `dsv41 serve` with the official openai npm client, the way applications talk to
+// it: chat (plain and streamed), completions, stop, seed, usage with cached tokens, tools, and an
+// unknown model. Exits non-zero on the first mismatch. The model is random, so checks compare the
+// server with itself (plain vs streamed, same seed twice) rather than with fixed text.
+//
+// usage: DSV41_BASE_URL=http://127.0.0.1:PORT/v1 DSV41_MODEL=NAME node openai_client.mjs
+import OpenAI from "openai";
+
+const baseURL = process.env.DSV41_BASE_URL;
+const model = process.env.DSV41_MODEL;
+if (!baseURL || !model) {
+  console.error("set DSV41_BASE_URL and DSV41_MODEL");
+  process.exit(2);
+}
+const client = new OpenAI({ apiKey: "unused", baseURL, maxRetries: 0, timeout: 60_000 });
+
+function check(cond, what, detail) {
+  if (!cond) {
+    console.error(`FAIL: ${what}` + (detail === undefined ? "" : `\n  ${JSON.stringify(detail)}`));
+    process.exit(1);
+  }
+  console.log(`ok: ${what}`);
+}
+
+// Greedy, fixed-length, chat mode: the answer is in `content` and depends only on the prompt.
+const greedy = (content, max_tokens) => ({
+  model,
+  messages: [{ role: "user", content }],
+  max_tokens,
+  temperature: 0,
+  ignore_eos: true,
+  thinking: false,
+});
+
+async function collectChat(stream) {
+  let text = "";
+  let role = null;
+  let finish = null;
+  let usage = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    const choice = chunk.choices[0];
+    if (!choice) continue;
+    role ??= choice.delta.role ?? null;
+    text += (choice.delta.reasoning_content ?? "") + (choice.delta.content ?? "");
+    finish = choice.finish_reason ?? finish;
+  }
+  return { text, role, finish, usage };
+}
+
+async function main() {
+  const models = await client.models.list();
+  check(models.data.some((m) => m.id === model), "models.list names the served model", models.data);
+
+  // chat, plain and streamed
+  const req = greedy("Write one line about the sea.", 10);
+  const plain = await client.chat.completions.create(req);
+  check(plain.object === "chat.completion", "chat object", plain.object);
+  check(plain.choices[0].message.role === "assistant", "chat role", plain.choices[0].message);
+  check(plain.choices[0].finish_reason === "length", "chat finish_reason length", plain.choices[0]);
+  check(plain.usage.completion_tokens === 10, "chat usage.completion_tokens", plain.usage);
+  check(plain.usage.total_tokens === plain.usage.prompt_tokens + 10, "chat usage.total_tokens", plain.usage);
+  const streamed = await collectChat(
+    await client.chat.completions.create({ ...req, stream: true, stream_options: { include_usage: true } }),
+  );
+  check(streamed.role === "assistant", "stream starts with the role", streamed);
+  check(streamed.text === (plain.choices[0].message.content ?? ""), "streamed chat equals plain chat", {
+    streamed: streamed.text,
+    plain: plain.choices[0].message.content,
+  });
+  check(streamed.finish === "length", "stream finish_reason", streamed);
+  check(streamed.usage?.completion_tokens === 10, "stream usage chunk", streamed.usage);
+
+  // completions, plain and streamed
+  const creq = { model, prompt: "In a quiet village", max_tokens: 12, temperature: 0, ignore_eos: true };
+  const comp = await client.completions.create(creq);
+  check(comp.object === "text_completion", "completion object", comp.object);
+  check(comp.usage.completion_tokens === 12, "completion usage", comp.usage);
+  let ctext = "";
+  for await (const chunk of await client.completions.create({ ...creq, stream: true })) {
+    ctext += chunk.choices[0]?.text ?? "";
+  }
+  check(ctext === comp.choices[0].text, "streamed completion equals plain", { ctext, plain: comp.choices[0].text });
+
+  // stop: a printable piece of the text, not at its start, ends the text before it
+  const full = comp.choices[0].text;
+  let stop = null;
+  for (let i = Math.floor(full.length / 3); i + 2 <= full.length && !stop; i++) {
+    const piece = full.slice(i, i + 2);
+    if (/^[\x20-\x7e]{2}$/.test(piece) && full.indexOf(piece) > 0) stop = piece;
+  }
+  check(stop !== null, "found a stop string in the completion", full);
+  const stopped = await client.completions.create({ ...creq, stop: [stop] });
+  check(stopped.choices[0].text === full.slice(0, full.indexOf(stop)), "stop ends the text", {
+    stop,
+    got: stopped.choices[0].text,
+  });
+  check(stopped.choices[0].finish_reason === "stop", "stop finish_reason", stopped.choices[0]);
+
+  // seed: the same seed samples the same text
+  const sreq = { ...greedy("Say something random.", 12), temperature: 1, seed: 77 };
+  const s1 = await client.chat.completions.create(sreq);
+  const s2 = await client.chat.completions.create(sreq);
+  check(s1.choices[0].message.content === s2.choices[0].message.content, "same seed, same text", [
+    s1.choices[0].message.content,
+    s2.choices[0].message.content,
+  ]);
+
+  // usage: a long prompt sent twice is partly served from the prefix cache
+  const long = Array.from({ length: 50 }, (_, i) => `Line ${i} of a long shared document for the npm client.`).join(" ");
+  const u1 = await client.chat.completions.create(greedy(long, 2));
+  const u2 = await client.chat.completions.create(greedy(long, 2));
+  check(u1.usage.prompt_tokens > 128, "long prompt", u1.usage);
+  check((u2.usage.prompt_tokens_details?.cached_tokens ?? 0) > 0, "second request reports cached_tokens", u2.usage);
+
+  // tools: accepted, rendered (checked through the debug route) and answered in shape
+  const tools = [
+    {
+      type: "function",
+      function: {
+        name: "lookup",
+        description: "Look a word up",
+        parameters: { type: "object", properties: { word: { type: "string" } }, required: ["word"] },
+      },
+    },
+  ];
+  const treq = { ...greedy("Look up the word 'harbor'.", 6), tools, tool_choice: "auto" };
+  const tres = await client.chat.completions.create(treq);
+  check(["length", "stop", "tool_calls"].includes(tres.choices[0].finish_reason), "tools request answered", tres.choices[0]);
+  const render = await fetch(`${baseURL}/debug/render`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(treq),
+  }).then((r) => r.json());
+  check(render.prompt.includes('{"name": "lookup", "description": "Look a word up"'), "tool schema rendered", render.prompt);
+  check(render.prompt_tokens === tres.usage.prompt_tokens, "rendered prompt is what ran", [render.prompt_tokens, tres.usage]);
+
+  // errors come back as OpenAI errors
+  try {
+    await client.chat.completions.create({ ...req, model: "no-such-model" });
+    check(false, "unknown model is refused");
+  } catch (e) {
+    check(e instanceof OpenAI.APIError && e.status === 404, "unknown model is a 404 APIError", String(e));
+    check(e.code === "model_not_found", "error code model_not_found", e.error);
+  }
+  try {
+    await client.chat.completions.create({ ...req, n: 2 });
+    check(false, "n=2 is refused");
+  } catch (e) {
+    check(e instanceof OpenAI.BadRequestError && e.param === "n", "n=2 is a 400 naming n", String(e));
+  }
+  console.log("all checks passed");
+}
+
+main().catch((e) => {
+  console.error("FAIL:", e);
+  process.exit(1);
+});

@@ -1,0 +1,1115 @@
+// The OpenAI-compatible server: request validation and response shapes without a model, then the
+// real server (in-process, on a free loopback port) over the tiny checkpoint: plain and streamed
+// chat and completions, stop sequences, seeds, usage with cached tokens, tools, logprobs, batching
+// equivalence, a bounded load test with client disconnects, the `dsv41 serve` command, and the
+// official `openai` npm client against it.
+//
+// Tool-call parsing: the random tiny model will not write DSML and the engine API has no teacher
+// forcing, so the server's per-request translation (ResponseBuilder, the code the handler runs per
+// engine event) is driven with made-up engine events carrying a DSML block, split at every byte.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "runtime/engine.h"
+#include "server/api_error.h"
+#include "server/http_lib.h"
+#include "server/http_server.h"
+#include "server/metrics_text.h"
+#include "server/openai_api.h"
+#include "server/openai_response.h"
+#include "test_util.h"
+#include "text/chat_output.h"
+#include "text/tokenizer.h"
+
+namespace dsv41::server {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// ---------------------------------------------------------------------------------------------
+// Validation (no model: the tiny checkpoint's tokenizer only)
+
+const Tokenizer& tiny_tokenizer() {
+  static const Tokenizer tok = Tokenizer::from_file(test::tiny_model_dir() + "/tokenizer.json");
+  return tok;
+}
+
+ModelInfo tiny_info() {
+  ModelInfo m;
+  m.name = "tiny";
+  m.context_length = 4096;
+  m.bos_id = 0;
+  m.tokenizer = &tiny_tokenizer();
+  return m;
+}
+
+ApiRequest parse_chat(const json& body) { return parse_request(Endpoint::ChatCompletions, body.dump(), tiny_info()); }
+ApiRequest parse_completion(const json& body) { return parse_request(Endpoint::Completions, body.dump(), tiny_info()); }
+
+json chat_body(json extra = json::object()) {
+  json b = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "Hello there"}}}}};
+  for (auto& [k, v] : extra.items()) b[k] = v;
+  return b;
+}
+
+// `body` as JSON text with a "tools" member appended verbatim (key order as written).
+std::string with_tools(const json& body, const std::string& tools) {
+  std::string text = body.dump();
+  text.pop_back();
+  return text + ",\"tools\":" + tools + "}";
+}
+
+// Expects `f` to throw ApiError with this status and param (and code, when given); returns it.
+template <typename F>
+ApiError expect_error(F f, int status, const std::string& param, const std::string& code = "") {
+  try {
+    f();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, status) << e.message;
+    EXPECT_EQ(e.param, param) << e.message;
+    if (!code.empty()) {
+      EXPECT_EQ(e.code, code) << e.message;
+    }
+    EXPECT_FALSE(e.message.empty());
+    return e;
+  }
+  ADD_FAILURE() << "no ApiError (expected status " << status << " about '" << param << "')";
+  return {};
+}
+
+TEST(ServerApi, ErrorBodyHasTheOpenAIShape) {
+  const json body = error_body(ApiError(404, "invalid_request_error", "no such model", "model", "model_not_found"));
+  EXPECT_EQ(body, json::parse(R"({"error":{"message":"no such model","type":"invalid_request_error",
+                                           "param":"model","code":"model_not_found"}})"));
+  const json bare = error_body(invalid_request("", "bad"));
+  EXPECT_TRUE(bare["error"]["param"].is_null());
+  EXPECT_TRUE(bare["error"]["code"].is_null());
+}
+
+TEST(ServerApi, MalformedJsonIs400) {
+  for (const char* text : {"{", "{\"model\": }", "not json", "", "[1, 2"}) {
+    const ApiError e = expect_error([&] { parse_request(Endpoint::ChatCompletions, text, tiny_info()); }, 400, "");
+    EXPECT_NE(e.message.find("parse"), std::string::npos) << e.message;
+  }
+  expect_error([] { parse_request(Endpoint::Completions, "[1]", tiny_info()); }, 400, "");
+  expect_error([] { parse_request(Endpoint::Completions, "\"text\"", tiny_info()); }, 400, "");
+}
+
+TEST(ServerApi, DeeplyNestedBodyIsRefusedBeforeParsing) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  EXPECT_EQ(json_depth(deep), 100000);
+  EXPECT_EQ(json_depth(R"({"a": "[[[[", "b": [1, {"c": "\"]"}]})"), 3);
+  expect_error([&] { parse_request(Endpoint::ChatCompletions, deep, tiny_info()); }, 400, "");
+}
+
+TEST(ServerApi, WrongTypesNameTheField) {
+  const std::vector<std::pair<json, std::string>> cases = {
+      {{{"temperature", "hot"}}, "temperature"},
+      {{{"temperature", 2.5}}, "temperature"},
+      {{{"temperature", -0.1}}, "temperature"},
+      {{{"top_p", "all"}}, "top_p"},
+      {{{"top_p", 0}}, "top_p"},
+      {{{"top_p", 1.5}}, "top_p"},
+      {{{"max_tokens", "10"}}, "max_tokens"},
+      {{{"max_tokens", 2.5}}, "max_tokens"},
+      {{{"max_completion_tokens", true}}, "max_completion_tokens"},
+      {{{"stream", "yes"}}, "stream"},
+      {{{"seed", 1.5}}, "seed"},
+      {{{"seed", "42"}}, "seed"},
+      {{{"n", "1"}}, "n"},
+      {{{"stop", 5}}, "stop"},
+      {{{"stop", {"a", 1}}}, "stop"},
+      {{{"stop", ""}}, "stop"},
+      {{{"logprobs", 3}}, "logprobs"},
+      {{{"top_logprobs", 3}}, "top_logprobs"},  // without logprobs
+      {{{"logprobs", true}, {"top_logprobs", 21}}, "top_logprobs"},
+      {{{"stream_options", {{"include_usage", true}}}}, "stream_options"},  // without stream
+      {{{"stream", true}, {"stream_options", {{"include_usage", 1}}}}, "include_usage"},
+      {{{"model", 7}}, "model"},
+      {{{"messages", "hello"}}, "messages"},
+      {{{"messages", {{{"role", "bot"}, {"content", "x"}}}}}, "messages[0].role"},
+      {{{"messages", {{{"role", "user"}, {"content", 5}}}}}, "messages[0].content"},
+      {{{"tools", "none"}}, "tools"},
+      {{{"tool_choice", "sometimes"}}, "tool_choice"},
+      {{{"presence_penalty", 0.5}}, "presence_penalty"},
+      {{{"logit_bias", {{"12", 3}}}}, "logit_bias"},
+      {{{"ignore_eos", "no"}}, "ignore_eos"},
+  };
+  for (const auto& [extra, param] : cases) {
+    SCOPED_TRACE(extra.dump());
+    expect_error([&] { parse_chat(chat_body(extra)); }, 400, param);
+  }
+  // stop at the limit is fine, one more is not
+  json many = json::array();
+  for (size_t i = 0; i < kMaxStopSequences; ++i) many.push_back("s" + std::to_string(i));
+  EXPECT_EQ(parse_chat(chat_body({{"stop", many}})).params.stop.size(), kMaxStopSequences);
+  many.push_back("extra");
+  expect_error([&] { parse_chat(chat_body({{"stop", many}})); }, 400, "stop");
+}
+
+TEST(ServerApi, UnknownModelIs404) {
+  expect_error([] { parse_chat(chat_body({{"model", "gpt-4o"}})); }, 404, "model", "model_not_found");
+  expect_error([] { parse_completion({{"model", "other"}, {"prompt", "x"}}); }, 404, "model", "model_not_found");
+  EXPECT_EQ(parse_chat(chat_body({{"model", nullptr}})).model, "tiny");  // omitted: the served model
+}
+
+TEST(ServerApi, MaxTokensMustBePositiveAndSane) {
+  for (const json& v : {json(0), json(-5), json(int64_t{1} << 40), json(1e12), json(4097)}) {
+    SCOPED_TRACE(v.dump());
+    expect_error([&] { parse_chat(chat_body({{"max_tokens", v}})); }, 400, "max_tokens");
+  }
+  expect_error([] { parse_chat(chat_body({{"max_completion_tokens", 0}})); }, 400, "max_completion_tokens");
+  EXPECT_EQ(parse_chat(chat_body({{"max_tokens", 7}})).params.max_tokens, 7);
+  EXPECT_EQ(parse_chat(chat_body({{"max_completion_tokens", 9}})).params.max_tokens, 9);
+  EXPECT_EQ(parse_chat(chat_body({{"max_tokens", 100.0}})).params.max_tokens, 100);
+  // absent: the rest of the context, or the server's default if that is less
+  const ApiRequest r = parse_chat(chat_body());
+  EXPECT_EQ(r.params.max_tokens, 4096 - static_cast<int64_t>(r.params.prompt.size()));
+  ModelInfo capped = tiny_info();
+  capped.default_max_tokens = 100;
+  EXPECT_EQ(parse_request(Endpoint::ChatCompletions, chat_body().dump(), capped).params.max_tokens, 100);
+}
+
+TEST(ServerApi, PromptPlusMaxTokensOverTheContextIs400) {
+  const ApiRequest r = parse_chat(chat_body());
+  const int64_t prompt = static_cast<int64_t>(r.params.prompt.size());
+  EXPECT_EQ(parse_chat(chat_body({{"max_tokens", 4096 - prompt}})).params.max_tokens, 4096 - prompt);
+  const ApiError e = expect_error([&] { parse_chat(chat_body({{"max_tokens", 4097 - prompt}})); }, 400, "messages",
+                                  "context_length_exceeded");
+  EXPECT_NE(e.message.find("maximum context length is 4096"), std::string::npos) << e.message;
+
+  // a prompt that alone fills the context, with and without max_tokens
+  std::string words;
+  for (int i = 0; i < 5000; ++i) words += "word" + std::to_string(i) + " ";
+  expect_error([&] { parse_completion({{"prompt", words}}); }, 400, "prompt", "context_length_exceeded");
+  expect_error([&] { parse_completion({{"prompt", words}, {"max_tokens", 1}}); }, 400, "prompt",
+               "context_length_exceeded");
+}
+
+TEST(ServerApi, OnlyOneChoice) {
+  expect_error([] { parse_chat(chat_body({{"n", 2}})); }, 400, "n");
+  expect_error([] { parse_chat(chat_body({{"n", 0}})); }, 400, "n");
+  expect_error([] { parse_completion({{"prompt", "x"}, {"best_of", 3}}); }, 400, "best_of");
+  EXPECT_NO_THROW(parse_chat(chat_body({{"n", 1}})));
+}
+
+TEST(ServerApi, MessagesMustBeANonEmptyArray) {
+  json body = chat_body();
+  body["messages"] = json::array();
+  expect_error([&] { parse_chat(body); }, 400, "messages");
+  body.erase("messages");
+  expect_error([&] { parse_chat(body); }, 400, "messages");
+}
+
+TEST(ServerApi, CompletionPromptForms) {
+  const Tokenizer& tok = tiny_tokenizer();
+  const ApiRequest text = parse_completion({{"prompt", "The cat sat"}, {"max_tokens", 4}});
+  std::vector<int32_t> expected = {0};
+  for (int32_t id : tok.encode("The cat sat")) expected.push_back(id);
+  EXPECT_EQ(text.params.prompt, expected);  // BOS, then the text
+  EXPECT_EQ(parse_completion({{"prompt", {"The cat sat"}}, {"max_tokens", 4}}).params.prompt, expected);
+  EXPECT_EQ(parse_completion({{"prompt", {5, 6, 7}}, {"max_tokens", 4}}).params.prompt, (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_EQ(parse_completion({{"prompt", {{5, 6}}}, {"max_tokens", 4}}).params.prompt, (std::vector<int32_t>{5, 6}));
+  expect_error([] { parse_completion({{"prompt", {"a", "b"}}}); }, 400, "prompt");
+  expect_error([] { parse_completion({{"prompt", json::array()}}); }, 400, "prompt");
+  expect_error([] { parse_completion({{"prompt", {5, 99999}}}); }, 400, "prompt");
+  expect_error([] { parse_completion({{"prompt", {5, -1}}}); }, 400, "prompt");
+  expect_error([] { parse_completion({{"prompt", 5}}); }, 400, "prompt");
+  expect_error([] { parse_completion({{"max_tokens", 5}}); }, 400, "prompt");
+  expect_error([] { parse_completion({{"prompt", "x"}, {"suffix", "y"}}); }, 400, "suffix");
+  expect_error([] { parse_completion({{"prompt", "x"}, {"logprobs", 30}}); }, 400, "logprobs");
+  expect_error([] { parse_completion({{"prompt", "x"}, {"echo", true}, {"logprobs", 1}}); }, 400, "logprobs");
+  const ApiRequest lp = parse_completion({{"prompt", "x"}, {"logprobs", 3}, {"max_tokens", 2}});
+  EXPECT_TRUE(lp.logprobs);
+  EXPECT_EQ(lp.params.top_logprobs, 3);
+}
+
+TEST(ServerApi, SamplingStopAndLogprobsReachTheEngineRequest) {
+  const ApiRequest r = parse_chat(chat_body({{"temperature", 0.7}, {"top_p", 0.9}, {"seed", 42}, {"stop", "END"},
+                                             {"logprobs", true}, {"top_logprobs", 3}, {"ignore_eos", true},
+                                             {"stream", true}, {"stream_options", {{"include_usage", true}}}}));
+  EXPECT_DOUBLE_EQ(r.params.sampling.temperature, 0.7);
+  EXPECT_DOUBLE_EQ(r.params.sampling.top_p, 0.9);
+  EXPECT_EQ(r.params.sampling.seed, 42u);
+  EXPECT_EQ(r.params.stop, std::vector<std::string>{"END"});
+  EXPECT_EQ(r.params.top_logprobs, 3);
+  EXPECT_TRUE(r.params.ignore_eos && r.stream && r.include_usage && r.logprobs);
+  EXPECT_EQ(parse_chat(chat_body({{"stop", {"a", "b"}}})).params.stop, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(parse_chat(chat_body({{"logprobs", true}})).params.top_logprobs, 0);
+  EXPECT_EQ(parse_chat(chat_body()).params.top_logprobs, -1);
+  EXPECT_EQ(parse_chat(chat_body({{"seed", -1}})).params.sampling.seed, ~uint64_t{0});
+}
+
+TEST(ServerApi, ThinkingKnobsAndToolsShapeThePrompt) {
+  const ApiRequest on = parse_chat(chat_body());  // server default: thinking on
+  EXPECT_TRUE(on.thinking);
+  EXPECT_TRUE(on.prompt_text.ends_with("<｜Assistant｜><think>")) << on.prompt_text;
+  for (const json& off : {json{{"thinking", false}}, json{{"reasoning_effort", "none"}},
+                          json{{"chat_template_kwargs", {{"enable_thinking", false}}}}}) {
+    const ApiRequest r = parse_chat(chat_body(off));
+    EXPECT_FALSE(r.thinking) << off.dump();
+    EXPECT_TRUE(r.prompt_text.ends_with("<｜Assistant｜></think>")) << r.prompt_text;
+  }
+  const ApiRequest max = parse_chat(chat_body({{"reasoning_effort", "max"}}));
+  EXPECT_NE(max.prompt_text.find("Reasoning Effort: 100"), std::string::npos);
+
+  // Tool schemas keep the client's key order, so the body is written as text (nlohmann::json sorts).
+  const std::string tools = R"([{"type":"function","function":{"name":"get_weather",
+      "description":"Weather of a city","parameters":{"type":"object","properties":{"city":{"type":"string"}},
+      "required":["city"]}}}])";
+  const ApiRequest t =
+      parse_request(Endpoint::ChatCompletions, with_tools(chat_body({{"thinking", false}}), tools), tiny_info());
+  EXPECT_TRUE(t.tools);
+  EXPECT_NE(t.prompt_text.find("## Tools"), std::string::npos);
+  // the schema as Python's json.dumps writes it, keys in the client's order
+  EXPECT_NE(t.prompt_text.find(R"({"name": "get_weather", "description": "Weather of a city", "parameters": {"type": )"
+                               R"("object", "properties": {"city": {"type": "string"}}, "required": ["city"]}})"),
+            std::string::npos)
+      << t.prompt_text;
+  EXPECT_EQ(t.params.prompt, tiny_tokenizer().encode(t.prompt_text));
+  const ApiRequest none =
+      parse_request(Endpoint::ChatCompletions, with_tools(chat_body({{"tool_choice", "none"}}), tools), tiny_info());
+  EXPECT_EQ(none.prompt_text.find("## Tools"), std::string::npos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Response building, driven by made-up engine events
+
+TokenEvent token_event(int32_t token, std::string text, double logprob = -0.5) {
+  TokenEvent e;
+  e.token = token;
+  e.text = std::move(text);
+  e.logprob = logprob;
+  return e;
+}
+
+TokenEvent done_event(const std::string& reason, int64_t prompt, int64_t completion, int64_t cached) {
+  TokenEvent e;
+  e.done = true;
+  e.finish_reason = reason;
+  e.prompt_tokens = prompt;
+  e.completion_tokens = completion;
+  e.cached_tokens = cached;
+  return e;
+}
+
+ChatOutputOptions fixed_ids() {
+  ChatOutputOptions o;
+  o.make_call_id = [](size_t i) { return "call_" + std::to_string(i); };
+  return o;
+}
+
+TEST(ServerResponse, PlainChatCompletion) {
+  const ApiRequest req = parse_chat(chat_body({{"thinking", false}, {"max_tokens", 3}}));
+  ResponseBuilder b(req, tiny_tokenizer(), "chatcmpl-x", 1700000000);
+  EXPECT_TRUE(b.add(token_event(40, "Hello")).empty());
+  b.add(token_event(41, " world"));
+  b.add(done_event("length", 12, 2, 0));
+  ASSERT_TRUE(b.done());
+  ASSERT_FALSE(b.failure());
+  const json r = b.response();
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(r["id"], "chatcmpl-x");
+  EXPECT_EQ(r["created"], 1700000000);
+  EXPECT_EQ(r["model"], "tiny");
+  EXPECT_EQ(r["choices"][0]["message"], json::parse(R"({"role":"assistant","content":"Hello world"})"));
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(r["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(r["usage"], json::parse(R"({"prompt_tokens":12,"completion_tokens":2,"total_tokens":14,
+                                        "prompt_tokens_details":{"cached_tokens":0}})"));
+}
+
+TEST(ServerResponse, StreamedChatWithReasoningAndUsage) {
+  const ApiRequest req =
+      parse_chat(chat_body({{"stream", true}, {"stream_options", {{"include_usage", true}}}, {"max_tokens", 8}}));
+  ASSERT_TRUE(req.thinking);
+  ResponseBuilder b(req, tiny_tokenizer(), "chatcmpl-s", 1);
+  std::vector<json> chunks;
+  for (const TokenEvent& e : {token_event(1, "Let me think"), token_event(2, "</think>"), token_event(3, "Answer"),
+                              token_event(4, "."), done_event("stop", 20, 4, 16)}) {
+    for (json& c : b.add(e)) chunks.push_back(std::move(c));
+  }
+  ASSERT_GE(chunks.size(), 4u);
+  EXPECT_EQ(chunks.front()["choices"][0]["delta"], json::parse(R"({"role":"assistant","content":""})"));
+  std::string reasoning, content;
+  for (size_t i = 0; i + 1 < chunks.size(); ++i) {
+    EXPECT_EQ(chunks[i]["object"], "chat.completion.chunk");
+    EXPECT_TRUE(chunks[i]["usage"].is_null());
+    const json& d = chunks[i]["choices"][0]["delta"];
+    reasoning += d.value("reasoning_content", "");
+    content += d.value("content", "");
+  }
+  EXPECT_EQ(reasoning, "Let me think");
+  EXPECT_EQ(content, "Answer.");
+  const json& finish = chunks[chunks.size() - 2];
+  EXPECT_EQ(finish["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(finish["choices"][0]["delta"], json::object());
+  const json& usage = chunks.back();
+  EXPECT_EQ(usage["choices"], json::array());
+  EXPECT_EQ(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 16);
+  EXPECT_EQ(usage["usage"]["total_tokens"], 24);
+}
+
+TEST(ServerResponse, ToolCallFromDsmlOutputAtEveryChunking) {
+  const std::string dsml =
+      "I will check.\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"get_weather\">\n"
+      "<｜DSML｜ parameter name=\"city\" string=\"true\">Paris</｜DSML｜ parameter>\n"
+      "<｜DSML｜ parameter name=\"days\" string=\"false\">3</｜DSML｜ parameter>\n"
+      "</｜DSML｜ invoke>\n</｜DSML｜ calls>";
+  const ChatOutput expected = parse_chat_output(dsml, {.thinking = false, .make_call_id = fixed_ids().make_call_id});
+  ASSERT_EQ(expected.tool_calls.size(), 1u);
+  EXPECT_EQ(expected.tool_calls[0].arguments, R"({"city": "Paris", "days": 3})");
+
+  for (size_t cut = 1; cut < dsml.size(); cut += 7) {
+    for (bool stream : {false, true}) {
+      SCOPED_TRACE("cut " + std::to_string(cut) + (stream ? " streamed" : " plain"));
+      const ApiRequest req = parse_chat(chat_body({{"thinking", false}, {"stream", stream}}));
+      ResponseBuilder b(req, tiny_tokenizer(), "chatcmpl-t", 1, fixed_ids());
+      std::vector<json> chunks;
+      for (json& c : b.add(token_event(1, dsml.substr(0, cut)))) chunks.push_back(std::move(c));
+      for (json& c : b.add(token_event(2, dsml.substr(cut)))) chunks.push_back(std::move(c));
+      for (json& c : b.add(done_event("stop", 5, 2, 0))) chunks.push_back(std::move(c));
+      EXPECT_EQ(b.finish_reason(), "tool_calls");
+      if (!stream) {
+        const json msg = b.response()["choices"][0]["message"];
+        EXPECT_EQ(msg["content"], "I will check.");
+        ASSERT_EQ(msg["tool_calls"].size(), 1u);
+        EXPECT_EQ(msg["tool_calls"][0], json::parse(R"({"id":"call_0","type":"function","function":
+            {"name":"get_weather","arguments":"{\"city\": \"Paris\", \"days\": 3}"}})"));
+        continue;
+      }
+      std::string content, name, args, id;
+      for (const json& c : chunks) {
+        if (c["choices"].empty()) continue;
+        const json& d = c["choices"][0]["delta"];
+        content += d.value("content", "");
+        for (const json& tc : d.value("tool_calls", json::array())) {
+          EXPECT_EQ(tc["index"], 0);
+          if (tc.contains("id")) {
+            id = tc["id"];
+            name = tc["function"]["name"];
+          }
+          args += tc["function"]["arguments"].get<std::string>();
+        }
+      }
+      EXPECT_EQ(content, "I will check.");
+      EXPECT_EQ(id, "call_0");
+      EXPECT_EQ(name, "get_weather");
+      EXPECT_EQ(args, expected.tool_calls[0].arguments);
+      EXPECT_EQ(chunks.back()["choices"][0]["finish_reason"], "tool_calls");
+    }
+  }
+}
+
+TEST(ServerResponse, ChatLogprobsInTheOpenAIShape) {
+  const ApiRequest req = parse_chat(chat_body({{"thinking", false}, {"logprobs", true}, {"top_logprobs", 2}}));
+  ResponseBuilder b(req, tiny_tokenizer(), "c", 1);
+  TokenEvent e = token_event(300, tiny_tokenizer().decode({300}), -0.25);
+  e.top_logprobs = {{300, -0.25}, {301, -2.0}};
+  b.add(e);
+  b.add(done_event("length", 3, 1, 0));
+  const json lp = b.response()["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(lp.size(), 1u);
+  EXPECT_EQ(lp[0]["token"], tiny_tokenizer().decode({300}));
+  EXPECT_DOUBLE_EQ(lp[0]["logprob"].get<double>(), -0.25);
+  EXPECT_TRUE(lp[0]["bytes"].is_array());
+  ASSERT_EQ(lp[0]["top_logprobs"].size(), 2u);
+  EXPECT_DOUBLE_EQ(lp[0]["top_logprobs"][1]["logprob"].get<double>(), -2.0);
+}
+
+TEST(ServerResponse, CompletionStreamEchoAndLogprobs) {
+  const ApiRequest req = parse_completion({{"prompt", "Once"}, {"stream", true}, {"echo", true}, {"max_tokens", 2}});
+  ResponseBuilder b(req, tiny_tokenizer(), "cmpl-1", 1);
+  std::string text;
+  std::vector<json> all;
+  for (const TokenEvent& e : {token_event(5, " upon"), token_event(6, " a"), done_event("length", 2, 2, 0)}) {
+    for (json& c : b.add(e)) all.push_back(std::move(c));
+  }
+  for (const json& c : all) {
+    EXPECT_EQ(c["object"], "text_completion");
+    text += c["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, "Once upon a");
+  EXPECT_EQ(all.back()["choices"][0]["finish_reason"], "length");
+
+  const ApiRequest lreq = parse_completion({{"prompt", "Once"}, {"logprobs", 1}, {"max_tokens", 2}});
+  ResponseBuilder lb(lreq, tiny_tokenizer(), "cmpl-2", 1);
+  TokenEvent e = token_event(5, "ab", -1.5);
+  e.top_logprobs = {{5, -1.5}};
+  lb.add(e);
+  lb.add(token_event(6, "cd", -0.5));
+  lb.add(done_event("length", 2, 2, 0));
+  const json lp = lb.response()["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["token_logprobs"], json::parse("[-1.5, -0.5]"));
+  EXPECT_EQ(lp["text_offset"], json::parse("[0, 2]"));
+  EXPECT_EQ(lp["tokens"].size(), 2u);
+  EXPECT_EQ(lp["top_logprobs"][0].size(), 1u);
+}
+
+TEST(ServerResponse, EngineFailureBecomesAnErrorPayload) {
+  const ApiRequest req = parse_chat(chat_body({{"stream", true}}));
+  ResponseBuilder b(req, tiny_tokenizer(), "c", 1);
+  b.add(token_event(1, "x"));
+  TokenEvent fail = done_event("error", 3, 1, 0);
+  fail.error = "out of memory";
+  const std::vector<json> out = b.add(fail);
+  ASSERT_FALSE(out.empty());
+  EXPECT_EQ(out.back()["error"]["type"], "server_error");
+  EXPECT_EQ(out.back()["error"]["message"], "out of memory");
+  ASSERT_TRUE(b.failure());
+  EXPECT_EQ(b.failure()->status, 500);
+  EXPECT_EQ(dump_json(json("\xff")), "\"\xef\xbf\xbd\"");  // invalid UTF-8 is replaced, not thrown
+}
+
+TEST(ServerResponse, MetricsAreValidPrometheusText) {
+  EngineMetrics m;
+  m.requests_total = 5;
+  m.kv_pages_in_use = 7;
+  HttpCounters h;
+  h.responses_5xx = 1;
+  const std::string text = render_metrics(m, h);
+  EXPECT_NE(text.find("\ndsv41_requests_total 5\n"), std::string::npos);
+  EXPECT_NE(text.find("\ndsv41_kv_pages_in_use 7\n"), std::string::npos);
+  EXPECT_NE(text.find("dsv41_http_responses_total{code=\"5xx\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("# TYPE dsv41_requests_running gauge\n"), std::string::npos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The real server over the tiny checkpoint
+
+// A server on a free loopback port, serving on its own thread.
+class LiveServer {
+ public:
+  explicit LiveServer(EngineOptions eo, ServerOptions so = {}) : engine_(eo) {
+    so.host = "127.0.0.1";
+    so.port = 0;
+    so.heartbeat = std::chrono::milliseconds(200);
+    server_ = std::make_unique<HttpServer>(engine_, so);
+    port_ = server_->bind();
+    thread_ = std::thread([this] { server_->run(); });
+  }
+  ~LiveServer() {
+    server_->stop();
+    thread_.join();
+  }
+  int port() const { return port_; }
+  Engine& engine() { return engine_; }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  Engine engine_;
+  std::unique_ptr<HttpServer> server_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+EngineOptions tiny_engine_options() {
+  EngineOptions eo;
+  eo.model_dir = test::tiny_model_dir();
+  eo.parallel = 4;
+  eo.prefill_chunk = 128;
+  return eo;
+}
+
+LiveServer& shared_server() {
+  static LiveServer server(tiny_engine_options());
+  return server;
+}
+
+struct Reply {
+  int status = -1;
+  json body;
+  std::string raw;
+  std::string error;  // why there is no response
+};
+
+Reply request(int port, const std::string& method, const std::string& path, const std::string& body = "") {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(std::chrono::seconds(60));
+  httplib::Result res = method == "GET"      ? cli.Get(path.c_str())
+                        : method == "DELETE" ? cli.Delete(path.c_str())
+                        : method == "PATCH"  ? cli.Patch(path.c_str())
+                        : method == "PUT"    ? cli.Put(path.c_str(), body, "application/json")
+                                             : cli.Post(path.c_str(), body, "application/json");
+  Reply r;
+  if (!res) {
+    r.error = httplib::to_string(res.error());
+    return r;
+  }
+  r.status = res->status;
+  r.raw = res->body;
+  r.body = json::parse(res->body, nullptr, false);
+  return r;
+}
+
+Reply post(int port, const std::string& path, const json& body) { return request(port, "POST", path, body.dump()); }
+
+struct Stream {
+  int status = -1;
+  std::vector<json> events;  // the data payloads before [DONE]
+  bool done = false;         // [DONE] was received
+  std::string raw;
+  std::string error;  // why the response is missing or cut short
+};
+
+// Posts a streaming request and reads its SSE events; with `stop_after` > 0, closes the connection
+// once that many events have arrived (a client going away mid-stream).
+Stream post_stream(int port, const std::string& path, const json& body, size_t stop_after = 0) {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(std::chrono::seconds(60));
+  Stream s;
+  std::string pending;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    s.raw.append(data, n);
+    pending.append(data, n);
+    for (size_t end; (end = pending.find("\n\n")) != std::string::npos;) {
+      const std::string event = pending.substr(0, end);
+      pending.erase(0, end + 2);
+      if (event.rfind("data: ", 0) != 0) continue;  // a comment (keep-alive)
+      const std::string data_text = event.substr(6);
+      if (data_text == "[DONE]") {
+        s.done = true;
+      } else {
+        s.events.push_back(json::parse(data_text, nullptr, false));
+      }
+    }
+    return stop_after == 0 || s.events.size() < stop_after;
+  };
+  httplib::Result res = cli.send(req);
+  if (res) {
+    s.status = res->status;
+  } else {
+    s.error = httplib::to_string(res.error());
+  }
+  return s;
+}
+
+std::string chat_text(const json& response) {
+  const json& m = response["choices"][0]["message"];
+  return m.value("reasoning_content", "") + (m["content"].is_string() ? m["content"].get<std::string>() : "");
+}
+
+std::string streamed_text(const Stream& s) {
+  std::string out;
+  for (const json& c : s.events) {
+    if (!c.contains("choices") || c["choices"].empty()) continue;
+    const json& ch = c["choices"][0];
+    if (ch.contains("delta")) {
+      out += ch["delta"].value("reasoning_content", "") + ch["delta"].value("content", "");
+    } else {
+      out += ch.value("text", "");
+    }
+  }
+  return out;
+}
+
+json greedy_chat(const std::string& user, int max_tokens) {
+  return {{"model", shared_server().engine().model_name()},
+          {"messages", {{{"role", "user"}, {"content", user}}}},
+          {"max_tokens", max_tokens},
+          {"temperature", 0},
+          {"ignore_eos", true},
+          {"thinking", false}};
+}
+
+TEST(ServerLive, HealthModelsMetricsAndRouting) {
+  LiveServer& s = shared_server();
+  const std::string model = s.engine().model_name();
+  Reply r = request(s.port(), "GET", "/health");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body["status"], "ok");
+  r = request(s.port(), "GET", "/v1/models");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body["object"], "list");
+  EXPECT_EQ(r.body["data"][0]["id"], model);
+  EXPECT_EQ(request(s.port(), "GET", "/v1/models/" + model).body["id"], model);
+  r = request(s.port(), "GET", "/v1/models/nope");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(r.body["error"]["code"], "model_not_found");
+  r = request(s.port(), "GET", "/metrics");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_NE(r.raw.find("dsv41_kv_pages_in_use "), std::string::npos);
+
+  r = request(s.port(), "GET", "/v1/nothing");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(r.body["error"]["type"], "invalid_request_error");
+  for (const char* method : {"GET", "PUT", "DELETE", "PATCH"}) {
+    r = request(s.port(), method, "/v1/chat/completions");
+    EXPECT_EQ(r.status, 405) << method;
+    EXPECT_EQ(r.body["error"]["code"], "method_not_allowed");
+  }
+  EXPECT_EQ(request(s.port(), "POST", "/health").status, 405);
+
+  r = request(s.port(), "POST", "/v1/chat/completions", "{\"messages\": [");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_TRUE(r.body["error"]["param"].is_null());
+  r = post(s.port(), "/v1/chat/completions", {{"model", "gpt-4"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}});
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(r.body["error"]["code"], "model_not_found");
+  r = post(s.port(), "/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"max_tokens", 4095}});
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.body["error"]["code"], "context_length_exceeded");
+  EXPECT_EQ(r.body["error"]["param"], "messages");
+
+  const std::string big = "{\"prompt\": \"" + std::string(9u << 20, 'a') + "\"}";
+  r = request(s.port(), "POST", "/v1/completions", big);
+  EXPECT_EQ(r.status, 413);
+  EXPECT_EQ(r.body["error"]["code"], "request_too_large");
+}
+
+TEST(ServerLive, ChatPlainAndStreamedAgree) {
+  LiveServer& s = shared_server();
+  const json body = greedy_chat("Tell me a story about a small robot.", 12);
+  const Reply plain = post(s.port(), "/v1/chat/completions", body);
+  ASSERT_EQ(plain.status, 200) << plain.raw;
+  EXPECT_EQ(plain.body["object"], "chat.completion");
+  EXPECT_EQ(plain.body["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(plain.body["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(plain.body["usage"]["completion_tokens"], 12);
+  const Reply rendered = post(s.port(), "/v1/debug/render", body);
+  ASSERT_EQ(rendered.status, 200);
+  EXPECT_EQ(plain.body["usage"]["prompt_tokens"], rendered.body["prompt_tokens"]);
+  EXPECT_EQ(plain.body["usage"]["total_tokens"], plain.body["usage"]["prompt_tokens"].get<int>() + 12);
+
+  json sbody = body;
+  sbody["stream"] = true;
+  sbody["stream_options"] = {{"include_usage", true}};
+  const Stream st = post_stream(s.port(), "/v1/chat/completions", sbody);
+  EXPECT_EQ(st.status, 200);
+  ASSERT_TRUE(st.done) << st.raw;
+  ASSERT_GE(st.events.size(), 3u);
+  EXPECT_EQ(st.events.front()["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(streamed_text(st), chat_text(plain.body));
+  const json& finish = st.events[st.events.size() - 2];
+  EXPECT_EQ(finish["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(st.events.back()["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(st.events.back()["usage"]["prompt_tokens"], plain.body["usage"]["prompt_tokens"]);
+}
+
+TEST(ServerLive, CompletionsPlainStreamedAndEcho) {
+  LiveServer& s = shared_server();
+  const json body = {{"prompt", "The old lighthouse keeper"}, {"max_tokens", 10}, {"temperature", 0}, {"ignore_eos", true}};
+  const Reply plain = post(s.port(), "/v1/completions", body);
+  ASSERT_EQ(plain.status, 200) << plain.raw;
+  EXPECT_EQ(plain.body["object"], "text_completion");
+  EXPECT_EQ(plain.body["usage"]["completion_tokens"], 10);
+  const std::string text = plain.body["choices"][0]["text"];
+
+  json sbody = body;
+  sbody["stream"] = true;
+  const Stream st = post_stream(s.port(), "/v1/completions", sbody);
+  ASSERT_TRUE(st.done);
+  EXPECT_EQ(streamed_text(st), text);
+  EXPECT_EQ(st.events.back()["choices"][0]["finish_reason"], "length");
+
+  json ebody = body;
+  ebody["echo"] = true;
+  EXPECT_EQ(post(s.port(), "/v1/completions", ebody).body["choices"][0]["text"], "The old lighthouse keeper" + text);
+}
+
+TEST(ServerLive, StopSequenceEndsTheText) {
+  LiveServer& s = shared_server();
+  const json body = {{"prompt", "A list of fruits:"}, {"max_tokens", 24}, {"temperature", 0}, {"ignore_eos", true}};
+  const std::string full = post(s.port(), "/v1/completions", body).body["choices"][0]["text"];
+  // a printable ASCII piece of the output whose first occurrence is not at the start
+  std::string stop;
+  for (size_t i = full.size() / 3; i + 2 <= full.size() && stop.empty(); ++i) {
+    const std::string piece = full.substr(i, 2);
+    const bool ascii = std::all_of(piece.begin(), piece.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
+    if (ascii && full.find(piece) > 0) stop = piece;
+  }
+  ASSERT_FALSE(stop.empty()) << "no usable stop string in: " << full;
+  json sbody = body;
+  sbody["stop"] = {stop, "\x01never"};
+  const Reply r = post(s.port(), "/v1/completions", sbody);
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.body["choices"][0]["text"], full.substr(0, full.find(stop)));
+  EXPECT_EQ(r.body["choices"][0]["finish_reason"], "stop");
+  sbody["stream"] = true;
+  const Stream st = post_stream(s.port(), "/v1/completions", sbody);
+  EXPECT_EQ(streamed_text(st), full.substr(0, full.find(stop)));
+  EXPECT_EQ(st.events.back()["choices"][0]["finish_reason"], "stop");
+}
+
+TEST(ServerLive, SeedMakesSamplingReproducible) {
+  LiveServer& s = shared_server();
+  json body = greedy_chat("Pick some random words.", 16);
+  body["temperature"] = 1.0;
+  body["seed"] = 1234;
+  const std::string a = chat_text(post(s.port(), "/v1/chat/completions", body).body);
+  const std::string b = chat_text(post(s.port(), "/v1/chat/completions", body).body);
+  EXPECT_EQ(a, b);
+  body["seed"] = 4321;
+  EXPECT_NE(chat_text(post(s.port(), "/v1/chat/completions", body).body), a);
+}
+
+TEST(ServerLive, RepeatedLongPromptReportsCachedTokens) {
+  LiveServer& s = shared_server();
+  std::string longtext;
+  for (int i = 0; i < 60; ++i) longtext += "Paragraph " + std::to_string(i) + " talks about caching. ";
+  const json body = greedy_chat(longtext, 2);
+  const Reply first = post(s.port(), "/v1/chat/completions", body);
+  ASSERT_EQ(first.status, 200);
+  const int64_t prompt = first.body["usage"]["prompt_tokens"];
+  ASSERT_GT(prompt, 128);
+  EXPECT_EQ(first.body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  const Reply second = post(s.port(), "/v1/chat/completions", body);
+  const int64_t cached = second.body["usage"]["prompt_tokens_details"]["cached_tokens"];
+  EXPECT_GT(cached, 0);
+  EXPECT_LT(cached, prompt);
+  EXPECT_EQ(chat_text(second.body), chat_text(first.body));
+}
+
+TEST(ServerLive, ToolsAreRenderedAndTheAnswerIsWellFormed) {
+  LiveServer& s = shared_server();
+  const std::string body = with_tools(greedy_chat("What is the weather in Paris?", 6),
+                                      R"([{"type":"function","function":{"name":"get_weather","description":"Current weather",
+      "parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}])");
+  const Reply rendered = request(s.port(), "POST", "/v1/debug/render", body);
+  ASSERT_EQ(rendered.status, 200);
+  const std::string prompt = rendered.body["prompt"];
+  EXPECT_TRUE(prompt.starts_with("<｜begin▁of▁sentence｜><｜System｜>\n\n## Tools")) << prompt;
+  EXPECT_NE(prompt.find(R"({"name": "get_weather", "description": "Current weather", "parameters": )"),
+            std::string::npos);
+  EXPECT_TRUE(prompt.ends_with("<｜User｜>What is the weather in Paris?<｜Assistant｜></think>")) << prompt;
+  const Reply r = request(s.port(), "POST", "/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["usage"]["prompt_tokens"], rendered.body["prompt_tokens"]);
+  const std::string finish = r.body["choices"][0]["finish_reason"];
+  EXPECT_TRUE(finish == "length" || finish == "tool_calls" || finish == "stop") << finish;
+}
+
+TEST(ServerLive, LogprobsForEveryToken) {
+  LiveServer& s = shared_server();
+  json body = greedy_chat("Count to three.", 5);
+  body["logprobs"] = true;
+  body["top_logprobs"] = 3;
+  const Reply r = post(s.port(), "/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200);
+  const json& content = r.body["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 5u);
+  for (const json& t : content) {
+    EXPECT_LE(t["logprob"].get<double>(), 0.0);
+    ASSERT_EQ(t["top_logprobs"].size(), 3u);
+    // greedy: the chosen token is the most likely one
+    EXPECT_DOUBLE_EQ(t["top_logprobs"][0]["logprob"].get<double>(), t["logprob"].get<double>());
+  }
+}
+
+TEST(ServerLive, ConcurrentRequestsGetWhatTheyGetAlone) {
+  LiveServer& s = shared_server();
+  const std::vector<std::string> prompts = {"Alpha", "Bravo charlie delta", "Echo foxtrot golf hotel india",
+                                            "Juliett", "Kilo lima mike november oscar papa quebec", "Romeo sierra"};
+  std::vector<std::string> alone;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    alone.push_back(chat_text(post(s.port(), "/v1/chat/completions", greedy_chat(prompts[i], 10 + static_cast<int>(i))).body));
+  }
+  std::vector<std::string> together(prompts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    threads.emplace_back([&, i] {
+      json body = greedy_chat(prompts[i], 10 + static_cast<int>(i));
+      if (i % 2) {
+        body["stream"] = true;
+        together[i] = streamed_text(post_stream(s.port(), "/v1/chat/completions", body));
+      } else {
+        together[i] = chat_text(post(s.port(), "/v1/chat/completions", body).body);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(together[i], alone[i]) << "request " << i;
+}
+
+// Waits until the engine runs and queues nothing; returns its metrics then.
+EngineMetrics idle_metrics(Engine& engine) {
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  EngineMetrics m = engine.metrics();
+  while ((m.requests_running > 0 || m.requests_queued > 0) && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    m = engine.metrics();
+  }
+  return m;
+}
+
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
+}
+
+struct LoadResult {
+  int ok = 0, cancelled = 0, client_errors = 0, server_errors = 0, transport_errors = 0;
+  int64_t tokens = 0;
+  std::vector<double> latency_ms;
+  double seconds = 0;
+  std::vector<std::string> failures;  // what went wrong, for the test log
+};
+
+// `clients` threads send `total` requests between them: mixed prompt lengths (some sharing a long
+// prefix), plain and streamed, every fifth streamed one abandoned after a couple of events.
+LoadResult run_load(int port, const std::string& model, int clients, int total) {
+  LoadResult out;
+  std::mutex mu;
+  std::atomic<int> next{0};
+  std::string shared_prefix;
+  for (int i = 0; i < 10; ++i) shared_prefix += "Shared context sentence number " + std::to_string(i) + ". ";
+  const auto t0 = Clock::now();
+  std::vector<std::thread> threads;
+  for (int c = 0; c < clients; ++c) {
+    threads.emplace_back([&, c] {
+      std::mt19937 rng(static_cast<uint32_t>(1000 + c));
+      for (int i; (i = next++) < total;) {
+        std::string user = (i % 4 == 0 ? shared_prefix : std::string()) + "Question " + std::to_string(i) + ":";
+        for (int w = static_cast<int>(rng() % 16); w > 0; --w) user += " word" + std::to_string(rng() % 500);
+        json body = {{"model", model},
+                     {"messages", {{{"role", "user"}, {"content", user}}}},
+                     {"max_tokens", 2 + static_cast<int>(rng() % 8)},
+                     {"temperature", (i % 2) ? 0.0 : 0.8},
+                     {"seed", i},
+                     {"ignore_eos", true},
+                     {"thinking", (i % 4) == 0}};
+        const bool stream = i % 2 == 1;
+        const bool abandon = stream && i % 5 == 0;
+        if (stream) {
+          body["stream"] = true;
+          body["stream_options"] = {{"include_usage", true}};
+        }
+        const auto start = Clock::now();
+        int status = -1;
+        int64_t tokens = 0;
+        std::string failure;
+        if (stream) {
+          const Stream st = post_stream(port, "/v1/chat/completions", body, abandon ? 2 : 0);
+          status = st.status;
+          failure = st.error + " " + st.raw.substr(0, 300);
+          if (abandon && status == -1) status = 499;  // our own close shows as a transport error
+          if (!st.events.empty() && st.events.back().contains("usage") && st.events.back()["usage"].is_object()) {
+            tokens = st.events.back()["usage"]["completion_tokens"];
+          }
+          if (!abandon && !st.done) status = -1;
+        } else {
+          const Reply r = post(port, "/v1/chat/completions", body);
+          status = r.status;
+          failure = r.error + " " + r.raw.substr(0, 300);
+          if (status == 200) tokens = r.body["usage"]["completion_tokens"];
+        }
+        const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+        std::lock_guard<std::mutex> lock(mu);
+        if (abandon) {
+          ++out.cancelled;
+        } else if (status == 200) {
+          ++out.ok;
+          out.latency_ms.push_back(ms);
+          out.tokens += tokens;
+        } else if (status >= 500) {
+          ++out.server_errors;
+        } else if (status >= 400) {
+          ++out.client_errors;
+        } else {
+          ++out.transport_errors;
+        }
+        if (abandon && status >= 500) ++out.server_errors;
+        if (!abandon && status != 200) {
+          out.failures.push_back("request " + std::to_string(i) + (stream ? " (stream)" : "") + ": status " +
+                                 std::to_string(status) + " " + failure);
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return out;
+}
+
+TEST(ServerLoad, SixteenClientsNoServerErrorsNoLeakedPages) {
+  EngineOptions eo = tiny_engine_options();
+  eo.parallel = 8;
+  eo.cache_ram_bytes = uint64_t{4} << 20;  // small enough that the cache evicts during the run
+  LiveServer s(eo);
+  const std::string model = s.engine().model_name();
+  const LoadResult r = run_load(s.port(), model, 16, 200);
+  std::printf("[ load ] 16 clients, 200 requests in %.2f s: %d ok, %d abandoned mid-stream; %.1f req/s, "
+              "%.1f generated tok/s; latency p50 %.0f ms, p99 %.0f ms\n",
+              r.seconds, r.ok, r.cancelled, (r.ok + r.cancelled) / r.seconds, static_cast<double>(r.tokens) / r.seconds,
+              percentile(r.latency_ms, 0.5), percentile(r.latency_ms, 0.99));
+  for (const std::string& f : r.failures) ADD_FAILURE() << f;
+  EXPECT_EQ(r.server_errors, 0);
+  EXPECT_EQ(r.client_errors, 0);
+  EXPECT_EQ(r.transport_errors, 0);
+  EXPECT_EQ(r.ok + r.cancelled, 200);
+
+  const EngineMetrics m = idle_metrics(s.engine());
+  EXPECT_EQ(m.requests_running, 0u);
+  EXPECT_EQ(m.requests_queued, 0u);
+  EXPECT_GT(m.requests_cancelled, 0u) << "abandoned streams were not cancelled";
+  EXPECT_EQ(m.requests_failed, 0u);
+  // Idle, the only pages held are the prefix cache's, and no more than its RAM budget.
+  EXPECT_EQ(m.kv_pages_in_use, m.cache_pages_in_use) << "pages leaked";
+  std::printf("[ load ] idle: %llu KV pages (%llu bytes) held, prefix cache budget %llu bytes\n",
+              static_cast<unsigned long long>(m.kv_pages_in_use), static_cast<unsigned long long>(m.kv_bytes_in_use),
+              static_cast<unsigned long long>(eo.cache_ram_bytes));
+  EXPECT_LE(m.kv_bytes_in_use, eo.cache_ram_bytes) << "more pages held than the prefix cache may keep";
+  // an abandoned stream's connection ends when its next write fails (within a heartbeat)
+  Reply metrics = request(s.port(), "GET", "/metrics");
+  for (int i = 0; i < 100 && metrics.raw.find("dsv41_http_streams_open 0\n") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    metrics = request(s.port(), "GET", "/metrics");
+  }
+  EXPECT_NE(metrics.raw.find("dsv41_http_responses_total{code=\"5xx\"} 0\n"), std::string::npos);
+  EXPECT_NE(metrics.raw.find("dsv41_http_streams_open 0\n"), std::string::npos) << metrics.raw;
+}
+
+TEST(ServerLoad, AbandonedStreamsFreeTheirPages) {
+  // Without a prefix cache every page in use belongs to a running request, so an idle engine must
+  // hold none, however its requests ended.
+  EngineOptions eo = tiny_engine_options();
+  eo.cache_ram_bytes = 0;
+  LiveServer s(eo);
+  const std::string model = s.engine().model_name();
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int c = 0; c < 6; ++c) {
+    threads.emplace_back([&, c] {
+      for (int i = 0; i < 3; ++i) {
+        json body = {{"model", model}, {"prompt", "Client " + std::to_string(c) + " asks question " + std::to_string(i)},
+                     {"max_tokens", 200}, {"ignore_eos", true}, {"stream", true}};
+        const Stream st = post_stream(s.port(), "/v1/completions", body, 2);
+        if (st.events.size() < 2) ++bad;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(bad, 0);
+  const EngineMetrics m = idle_metrics(s.engine());
+  EXPECT_EQ(m.requests_running + m.requests_queued, 0u);
+  EXPECT_EQ(m.kv_pages_in_use, 0u);
+  EXPECT_EQ(m.requests_cancelled, 18u);
+  EXPECT_LT(m.generation_tokens_total, 18u * 200u);  // they did not run to max_tokens
+}
+
+// ---------------------------------------------------------------------------------------------
+// The `dsv41 serve` command and the official npm client
+
+// `dsv41 serve` as a child process; its first stdout line names the address.
+class ServeProcess {
+ public:
+  explicit ServeProcess(const std::string& extra_args) {
+    int out[2];
+    if (pipe(out) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(out[1], STDOUT_FILENO);
+      close(out[0]);
+      close(out[1]);
+      const std::string cmd = std::string(DSV41_BINARY) + " serve -m '" + test::tiny_model_dir() + "' --port 0 " + extra_args;
+      execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(out[1]);
+    FILE* f = fdopen(out[0], "r");
+    char line[512];
+    if (f != nullptr && std::fgets(line, sizeof line, f) != nullptr) {
+      first_line_ = line;
+      const size_t colon = first_line_.rfind(':', first_line_.find(" (model"));
+      if (colon != std::string::npos) port_ = std::atoi(first_line_.c_str() + colon + 1);
+    }
+    out_ = f;
+  }
+  ~ServeProcess() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (out_ != nullptr) fclose(out_);
+  }
+  int port() const { return port_; }
+  const std::string& first_line() const { return first_line_; }
+  // Sends `sig` and returns the exit status (-1 if it did not exit within `seconds`).
+  int stop(int sig, int seconds) {
+    kill(pid_, sig);
+    for (int i = 0; i < seconds * 50; ++i) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+  bool exited_ = false;
+  std::string first_line_;
+  FILE* out_ = nullptr;
+};
+
+TEST(ServerCommand, ServesAndStopsCleanlyOnSignals) {
+  for (int sig : {SIGTERM, SIGINT}) {
+    ServeProcess p("--parallel 2");
+    ASSERT_GT(p.port(), 0) << p.first_line();
+    EXPECT_NE(p.first_line().find("listening on http://127.0.0.1:"), std::string::npos);
+    EXPECT_EQ(request(p.port(), "GET", "/health").status, 200);
+    // a stream in flight when the signal comes must not keep the process alive
+    std::thread client([&] {
+      post_stream(p.port(), "/v1/completions", {{"prompt", "x"}, {"max_tokens", 2000}, {"ignore_eos", true}, {"stream", true}});
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(p.stop(sig, 20), 0) << "signal " << sig;
+    client.join();
+  }
+  const test::CommandResult bad = test::run_dsv41("serve -m '" + test::tiny_model_dir() + "' --thinking maybe");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.out.find("--thinking"), std::string::npos) << bad.out;
+}
+
+TEST(ServerNpm, OfficialOpenAIClient) {
+  const std::filesystem::path npm_dir = std::filesystem::path(DSV41_SOURCE_DIR) / "tests" / "npm";
+  const char* require = std::getenv("DSV41_REQUIRE_NPM");
+  const bool required = require != nullptr && std::string(require) == "1";
+  if (!std::filesystem::exists(npm_dir / "node_modules" / "openai" / "package.json")) {
+    if (required) FAIL() << "DSV41_REQUIRE_NPM=1 but tests/npm/node_modules/openai is missing: run npm ci in tests/npm";
+    GTEST_SKIP() << "the openai npm package is not installed (npm ci in tests/npm)";
+  }
+  if (std::system("node --version > /dev/null 2>&1") != 0) {
+    if (required) FAIL() << "DSV41_REQUIRE_NPM=1 but node is not installed";
+    GTEST_SKIP() << "node is not installed";
+  }
+  LiveServer& s = shared_server();
+  const std::string cmd = "cd '" + npm_dir.string() + "' && DSV41_BASE_URL='" + s.url() + "/v1' DSV41_MODEL='" +
+                          s.engine().model_name() + "' node openai_client.mjs 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int status = pclose(p);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace dsv41::server

@@ -1,0 +1,104 @@
+// dsv41 serve: the OpenAI-compatible HTTP server over an Engine, until SIGINT or SIGTERM.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <thread>
+
+#include "cli.h"
+#include "commands.h"
+#include "model/engram_store.h"
+#include "runtime/engine.h"
+#include "runtime/prefix_cache.h"
+#include "server/http_server.h"
+#include "util/error.h"
+
+namespace dsv41::cli {
+
+namespace {
+
+constexpr const char* kHelp = R"(usage: dsv41 serve -m DIR [options]
+
+  -m, --model DIR            model folder (config.json, tokenizer.json, safetensors)
+      --host ADDR            address to listen on (default 127.0.0.1)
+      --port N               port (default 8080; 0 picks a free one, printed at start)
+      --parallel N           sequences decoded together; more requests wait in a queue (default 4)
+      --kv-budget-mb N       KV memory for running sequences and the prefix cache (default 1024)
+      --prompt-cache DIR     keep prompt prefixes' state in DIR too, for later runs (default: RAM only)
+      --cache-mode M         exact (default) or replay, as in generate
+      --cache-ram-mb N       RAM the prefix cache may keep (default 256)
+      --prefill-chunk N      prompt tokens one sequence prefills per step (default 256)
+      --engram T             mmap (default), ram or pread
+      --threads N            connection threads, i.e. the most connections served at once (default 64)
+      --thinking on|off      chat template default when a request does not say (default on)
+      --default-max-tokens N max_tokens of a request that sets none, capped by the context (default 8192)
+      --log-requests         one line per request on stderr
+
+Routes: POST /v1/chat/completions, POST /v1/completions (both with "stream": true for SSE),
+GET /v1/models, GET /health, GET /metrics (Prometheus), and POST /v1/debug/render, which takes a
+chat request and returns the rendered prompt and its token ids without generating.
+)";
+
+}  // namespace
+
+int run_serve(int argc, char** argv) {
+  if (wants_help(argc, argv)) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  Args args("serve", argc, argv,
+            {"--model", "--host", "--port", "--parallel", "--kv-budget-mb", "--prompt-cache", "--cache-mode",
+             "--cache-ram-mb", "--prefill-chunk", "--engram", "--threads", "--thinking", "--default-max-tokens"},
+            {"--log-requests"}, {{"-m", "--model"}});
+  if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
+
+  EngineOptions eo;
+  eo.model_dir = args.required("--model");
+  eo.parallel = static_cast<int>(args.get_int("--parallel", 4, 1, 4096));
+  eo.kv_budget_bytes = static_cast<uint64_t>(args.get_int("--kv-budget-mb", 1024, 1, int64_t{1} << 24)) << 20;
+  eo.prompt_cache_dir = args.get("--prompt-cache");
+  eo.cache_mode = parse_cache_mode(args.get("--cache-mode", "exact"));
+  eo.cache_ram_bytes = static_cast<uint64_t>(args.get_int("--cache-ram-mb", 256, 0, int64_t{1} << 24)) << 20;
+  eo.prefill_chunk = args.get_int("--prefill-chunk", 256, 1, 1 << 20);
+  eo.engram = parse_engram_tier(args.get("--engram", "mmap"));
+
+  server::ServerOptions so;
+  so.host = args.get("--host", "127.0.0.1");
+  so.port = static_cast<int>(args.get_int("--port", 8080, 0, 65535));
+  so.threads = static_cast<int>(args.get_int("--threads", 64, 2, 4096));
+  const std::string thinking = args.get("--thinking", "on");
+  if (thinking != "on" && thinking != "off") fail("--thinking", "must be on or off, got \"" + thinking + "\"");
+  so.chat.thinking = thinking == "on";
+  so.log_requests = args.has("--log-requests");
+  so.default_max_tokens = args.get_int("--default-max-tokens", 8192, 1, int64_t{1} << 40);
+
+  // SIGINT and SIGTERM are taken by one thread with sigwait, so they must be blocked before any other
+  // thread (the engine's scheduler, the connection pool) exists and inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  Engine engine(eo);
+  server::HttpServer server(engine, so);
+  const int port = server.bind();
+  std::printf("dsv41 serve: listening on http://%s:%d (model %s, parallel %d)\n", so.host.c_str(), port,
+              engine.model_name().c_str(), eo.parallel);
+  std::fflush(stdout);
+
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    server.stop();
+  });
+  server.run();
+  // run() returned: by a signal, or because listening failed; either way wake the waiter (a no-op
+  // signal to it if it already returned is harmless since the signal stays blocked).
+  pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+  std::fprintf(stderr, "dsv41 serve: stopped\n");
+  return 0;
+}
+
+}  // namespace dsv41::cli

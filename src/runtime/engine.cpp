@@ -165,18 +165,21 @@ void Engine::Impl::finish(Request& r, const std::string& reason, const std::stri
   e.prompt_tokens = static_cast<int64_t>(r.params.prompt.size());
   e.completion_tokens = r.generated;
   e.cached_tokens = r.cached_tokens;
-  r.sink(e);
-  std::lock_guard<std::mutex> lock(mu);
-  if (reason == "cancelled") {
-    ++stats.requests_cancelled;
-  } else if (reason == "error") {
-    ++stats.requests_failed;
-  } else {
-    ++stats.requests_finished;
+  {
+    // counted before the client hears of it, so a client that reads the metrics sees its request
+    std::lock_guard<std::mutex> lock(mu);
+    if (reason == "cancelled") {
+      ++stats.requests_cancelled;
+    } else if (reason == "error") {
+      ++stats.requests_failed;
+    } else {
+      ++stats.requests_finished;
+    }
+    stats.generation_tokens_total += static_cast<uint64_t>(r.generated);
+    stats.prompt_tokens_total += r.params.prompt.size();
+    stats.cached_tokens_total += static_cast<uint64_t>(e.cached_tokens);
   }
-  stats.generation_tokens_total += static_cast<uint64_t>(r.generated);
-  stats.prompt_tokens_total += r.params.prompt.size();
-  stats.cached_tokens_total += static_cast<uint64_t>(e.cached_tokens);
+  r.sink(e);
 }
 
 // Sends one sampled token; returns false when the request is complete.

@@ -104,6 +104,18 @@ void StreamRead(benchmark::State& state) {
 }
 BENCHMARK(StreamRead)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 
+// The cost of one parallel_for over the pool with an empty body: what each parallel kernel call pays
+// on top of its work (workers spinning between back-to-back calls, as between a decode step's GEMVs).
+void PoolDispatch(benchmark::State& state) {
+  if (!setup(state, static_cast<int64_t>(detected_isa()), state.range(0))) return;
+  std::atomic<int64_t> sink{0};
+  for (auto _ : state) {
+    parallel_for(64, 1, [&](int64_t b, int64_t e) { sink.fetch_add(e - b, std::memory_order_relaxed); });
+  }
+  benchmark::DoNotOptimize(sink.load());
+}
+BENCHMARK(PoolDispatch)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
 // ---- GEMV (m = 1) ---------------------------------------------------------------------------------
 
 // Args: n (outputs), k (inputs), ISA level, threads.
@@ -263,7 +275,12 @@ void ActQuant(benchmark::State& state) {
   }
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * k);
 }
-BENCHMARK(ActQuant)->ArgNames({"k", "isa"})->Args({5120, 0})->Args({5120, 1})->Args({5120, 2})->Unit(benchmark::kMicrosecond);
+BENCHMARK(ActQuant)
+    ->ArgNames({"k", "isa"})
+    ->Args({5120, 0})
+    ->Args({5120, 1})
+    ->Args({5120, 2})
+    ->Unit(benchmark::kMicrosecond);
 
 // One query of sparse attention at the released shape (64 heads, d = 512, 128 window + 512
 // selected rows); arg: ISA level.

@@ -526,7 +526,11 @@ EngineOptions tiny_engine_options() {
 }
 
 LiveServer& shared_server() {
-  static LiveServer server(tiny_engine_options());
+  static LiveServer server(tiny_engine_options(), [] {
+    ServerOptions so;
+    so.test_hooks = true;  // the npm client forces a tool call through "dsv41_forced_output"
+    return so;
+  }());
   return server;
 }
 

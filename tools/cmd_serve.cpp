@@ -33,6 +33,7 @@ constexpr const char* kHelp = R"(usage: dsv41 serve -m DIR [options]
       --thinking on|off      chat template default when a request does not say (default on)
       --default-max-tokens N max_tokens of a request that sets none, capped by the context (default 8192)
       --log-requests         one line per request on stderr
+      --test-hooks           accept "dsv41_forced_output": TEXT in requests, emitted as if generated (tests)
 
 Routes: POST /v1/chat/completions, POST /v1/completions (both with "stream": true for SSE),
 GET /v1/models, GET /health, GET /metrics (Prometheus), and POST /v1/debug/render, which takes a
@@ -49,7 +50,7 @@ int run_serve(int argc, char** argv) {
   Args args("serve", argc, argv,
             {"--model", "--host", "--port", "--parallel", "--kv-budget-mb", "--prompt-cache", "--cache-mode",
              "--cache-ram-mb", "--prefill-chunk", "--engram", "--threads", "--thinking", "--default-max-tokens"},
-            {"--log-requests"}, {{"-m", "--model"}});
+            {"--log-requests", "--test-hooks"}, {{"-m", "--model"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
 
   EngineOptions eo;
@@ -70,6 +71,7 @@ int run_serve(int argc, char** argv) {
   if (thinking != "on" && thinking != "off") fail("--thinking", "must be on or off, got \"" + thinking + "\"");
   so.chat.thinking = thinking == "on";
   so.log_requests = args.has("--log-requests");
+  so.test_hooks = args.has("--test-hooks");
   so.default_max_tokens = args.get_int("--default-max-tokens", 8192, 1, int64_t{1} << 40);
 
   // SIGINT and SIGTERM are taken by one thread with sigwait, so they must be blocked before any other

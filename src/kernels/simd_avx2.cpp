@@ -2,8 +2,8 @@
 // The structure is in linear_simd_impl.h and attention_simd_impl.h; this file holds the vector
 // operations, the weight decoders and the activation quantizer.
 #include <algorithm>
-#include <cassert>
 #include <array>
+#include <cassert>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -34,7 +34,8 @@ namespace dsv41::detail::avx2 {
 struct V {
   using F = __m256;
   static constexpr int W = 8;
-  static constexpr int kGemvRows = 2;  // up to this many activation rows: 2·2 partial + 2·2 accumulator chains in registers
+  // Up to this many activation rows take the GEMV path: 2·2 partial + 2·2 accumulator chains in registers.
+  static constexpr int kGemvRows = 2;
   static constexpr int MI = 3;  // 2·3 partial + 2·3 accumulator chains + 3 operands fit 16 registers
   static F zero() { return _mm256_setzero_ps(); }
   static F set1(float v) { return _mm256_set1_ps(v); }
@@ -225,7 +226,8 @@ inline void quantize_row(const float* x, int64_t k, float prescale, float* out, 
     const float* xb = x + b * kQBlock;
     __m256 m = _mm256_setzero_ps();
     for (int h = 0; h < 4; ++h) {
-      const __m256 a = _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(xb + 8 * h)), abs_bits));
+      const __m256i xi = _mm256_castps_si256(_mm256_loadu_ps(xb + 8 * h));
+      const __m256 a = _mm256_castsi256_ps(_mm256_and_si256(xi, abs_bits));
       m = _mm256_max_ps(a, m);  // a NaN |x| leaves m as it was
     }
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));

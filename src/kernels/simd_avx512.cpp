@@ -2,8 +2,8 @@
 // The structure is in linear_simd_impl.h and attention_simd_impl.h; this file holds the vector
 // operations, the weight decoders and the activation quantizer.
 #include <algorithm>
-#include <cassert>
 #include <array>
+#include <cassert>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -40,7 +40,8 @@ namespace dsv41::detail::avx512 {
 struct V {
   using F = __m512;
   static constexpr int W = 16;
-  static constexpr int kGemvRows = 4;  // up to this many activation rows: 2·4 partial + 2·4 accumulator chains in registers
+  // Up to this many activation rows take the GEMV path: 2·4 partial + 2·4 accumulator chains in registers.
+  static constexpr int kGemvRows = 4;
   static constexpr int MI = 6;  // 2·6 partial + 2·6 accumulator chains + 3 operands fit 32 registers
   static F zero() { return _mm512_setzero_ps(); }
   static F set1(float v) { return _mm512_set1_ps(v); }

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
-#include <string>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

@@ -276,7 +276,10 @@ void Engine::Impl::step() {
     }
     const std::vector<float> logits = r.started ? r.session->decode(r.last) : r.session->last_logits();
     r.started = true;
-    const int32_t token = r.sampler->sample(logits.data(), V);
+    const int32_t sampled = r.sampler->sample(logits.data(), V);
+    const int32_t token = r.generated < static_cast<int64_t>(r.params.forced_output.size())
+                              ? r.params.forced_output[static_cast<size_t>(r.generated)]
+                              : sampled;
     emit(r, token, logits);
   }
 }

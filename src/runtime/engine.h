@@ -38,6 +38,9 @@ struct RequestParams {
   std::vector<std::string> stop;             // stop strings: generation ends before any of them
   bool ignore_eos = false;
   int top_logprobs = -1;                     // -1: no logprobs; 0..20: the chosen token's and this many alternatives
+  // Test hook (the server accepts it only with --test-hooks): tokens emitted in place of the first
+  // sampled ones, as if the model had produced them, so the whole output path can be exercised.
+  std::vector<int32_t> forced_output;
 };
 
 struct TokenEvent {

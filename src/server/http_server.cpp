@@ -74,6 +74,7 @@ struct HttpServer::Impl {
     info.bos_id = static_cast<int32_t>(engine.config().bos_token_id);
     info.tokenizer = &engine.tokenizer();
     info.chat = options.chat;
+    info.test_hooks = options.test_hooks;
     info.default_max_tokens = options.default_max_tokens;
   }
 

@@ -38,6 +38,7 @@ struct ServerOptions {
   std::chrono::seconds write_timeout{30};     // a client that stops reading a stream is dropped (and cancelled)
   std::chrono::milliseconds heartbeat{1000};  // idle stream: a ": keep-alive" comment this often
   bool log_requests = false;                  // one line per request on stderr
+  bool test_hooks = false;                    // accept "dsv41_forced_output" (tests only)
 };
 
 class HttpServer {

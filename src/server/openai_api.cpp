@@ -274,6 +274,13 @@ void parse_max_tokens(const ojson& body, const ModelInfo& model, ApiRequest& req
                           "context_length_exceeded");
   }
   req.params.max_tokens = max_tokens;
+  if (const ojson* forced = field(body, "dsv41_forced_output")) {
+    if (!model.test_hooks) {
+      throw invalid_request("dsv41_forced_output", "is a test hook; start the server with --test-hooks to use it");
+    }
+    if (!forced->is_string()) throw invalid_request("dsv41_forced_output", "must be a string");
+    req.params.forced_output = model.tokenizer->encode(forced->get<std::string>(), /*parse_special=*/true);
+  }
 }
 
 }  // namespace

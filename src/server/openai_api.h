@@ -45,6 +45,9 @@ struct ModelInfo {
   int32_t bos_id = 0;
   const Tokenizer* tokenizer = nullptr;
   ChatOptions chat;            // server defaults for the chat template (thinking on or off)
+  // Test hook (dsv41 serve --test-hooks): a request's "dsv41_forced_output" text becomes what the
+  // model emits, token for token, so tool-call parsing can be checked end to end on a random model.
+  bool test_hooks = false;
 };
 
 inline constexpr int kMaxTopLogprobs = 20;

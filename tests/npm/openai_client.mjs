@@ -135,6 +135,34 @@ async function main() {
   check(render.prompt.includes('{"name": "lookup", "description": "Look a word up"'), "tool schema rendered", render.prompt);
   check(render.prompt_tokens === tres.usage.prompt_tokens, "rendered prompt is what ran", [render.prompt_tokens, tres.usage]);
 
+  // tool-call parsing end to end: the server (started with --test-hooks) emits this text as the
+  // model's output, token for token; the client must see reasoning, content and a parsed tool call
+  const forced =
+    "Let me look it up.</think>I will check.\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"lookup\">\n" +
+    "<｜DSML｜ parameter name=\"word\" string=\"true\">harbor</｜DSML｜ parameter>\n" +
+    "</｜DSML｜ invoke>\n</｜DSML｜ calls><｜end▁of▁sentence｜>";
+  const freq = { ...treq, max_tokens: 400, thinking: true, ignore_eos: false, dsv41_forced_output: forced };
+  const fres = await client.chat.completions.create(freq);
+  const fmsg = fres.choices[0].message;
+  check(fres.choices[0].finish_reason === "tool_calls", "forced tool call finishes with tool_calls", fres.choices[0]);
+  check(fmsg.tool_calls?.length === 1 && fmsg.tool_calls[0].function.name === "lookup", "tool call parsed", fmsg);
+  check(JSON.parse(fmsg.tool_calls[0].function.arguments).word === "harbor", "tool call arguments", fmsg.tool_calls);
+  check(fmsg.content === "I will check.", "content before the call", fmsg.content);
+  check(fmsg.reasoning_content === "Let me look it up.", "reasoning split off", fmsg.reasoning_content);
+  const fstream = await client.chat.completions.create({ ...freq, stream: true });
+  let streamedArgs = "", streamedName = "", streamedContent = "", streamedFinish = null;
+  for await (const chunk of fstream) {
+    const d = chunk.choices[0]?.delta ?? {};
+    streamedContent += d.content ?? "";
+    for (const tc of d.tool_calls ?? []) {
+      streamedName += tc.function?.name ?? "";
+      streamedArgs += tc.function?.arguments ?? "";
+    }
+    streamedFinish = chunk.choices[0]?.finish_reason ?? streamedFinish;
+  }
+  check(streamedName === "lookup" && JSON.parse(streamedArgs).word === "harbor", "streamed tool call", [streamedName, streamedArgs]);
+  check(streamedContent === "I will check." && streamedFinish === "tool_calls", "streamed content and finish", [streamedContent, streamedFinish]);
+
   // errors come back as OpenAI errors
   try {
     await client.chat.completions.create({ ...req, model: "no-such-model" });

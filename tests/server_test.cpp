@@ -9,6 +9,9 @@
 // engine event) is driven with made-up engine events carrying a DSML block, split at every byte.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -633,6 +636,36 @@ json greedy_chat(const std::string& user, int max_tokens) {
           {"temperature", 0},
           {"ignore_eos", true},
           {"thinking", false}};
+}
+
+// Clients that stall half-way through a request, or open connections and send nothing, hold only their
+// own connection threads: everyone else keeps being served.
+TEST(ServerLive, SlowClientsDoNotStallOthers) {
+  LiveServer& s = shared_server();
+  std::vector<int> stalled;
+  for (int i = 0; i < 4; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(s.port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    // half a request: headers promising a body that never comes (or nothing at all)
+    const std::string partial = i % 2 ? "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{\"mo" : "";
+    if (!partial.empty()) {
+      ASSERT_EQ(::send(fd, partial.data(), partial.size(), 0), static_cast<ssize_t>(partial.size()));
+    }
+    stalled.push_back(fd);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3; ++i) {
+    Reply r = request(s.port(), "POST", "/v1/completions",
+                      R"({"model": ")" + s.engine().model_name() + R"(", "prompt": "hello", "max_tokens": 4})");
+    EXPECT_EQ(r.status, 200) << r.raw;
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  for (int fd : stalled) ::close(fd);
 }
 
 TEST(ServerLive, HealthModelsMetricsAndRouting) {

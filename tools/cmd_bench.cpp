@@ -184,7 +184,8 @@ nlohmann::json bench_prefix_hit(const Model& m, StatePools& pools, int64_t n) {
   return out;
 }
 
-// Aggregate decode throughput of N concurrent streams through the engine's scheduler.
+// Aggregate decode throughput of N concurrent streams through the engine's scheduler, counted once
+// every stream has its first token (so the streams' prefills are not in it).
 nlohmann::json bench_concurrency(const std::string& dir, const std::vector<int>& streams, int tokens) {
   nlohmann::json out = nlohmann::json::array();
   for (int n : streams) {
@@ -194,22 +195,26 @@ nlohmann::json bench_concurrency(const std::string& dir, const std::vector<int>&
     Engine e(eo);
     std::mutex mu;
     std::condition_variable cv;
-    int done = 0;
-    int64_t generated = 0;
-    std::chrono::steady_clock::time_point first_token{}, last_token{};
-    bool any = false;
+    int done = 0, started = 0;
+    int64_t after_start = 0;
+    std::chrono::steady_clock::time_point all_started{}, last_token{};
+    std::vector<bool> seen(static_cast<size_t>(n), false);
     for (int i = 0; i < n; ++i) {
       RequestParams p;
       p.prompt = random_prompt(32, e.config().vocab_size, 10 + static_cast<uint32_t>(i));
       p.max_tokens = tokens;
       p.ignore_eos = true;
-      e.submit(p, [&](const TokenEvent& ev) {
+      e.submit(p, [&, i](const TokenEvent& ev) {
         std::lock_guard<std::mutex> lock(mu);
         if (ev.token >= 0) {
-          ++generated;
-          if (!any) first_token = std::chrono::steady_clock::now();
-          any = true;
-          last_token = std::chrono::steady_clock::now();
+          const auto now = std::chrono::steady_clock::now();
+          if (!seen[static_cast<size_t>(i)]) {
+            seen[static_cast<size_t>(i)] = true;
+            if (++started == n) all_started = now;
+          } else if (started == n) {
+            ++after_start;
+            last_token = now;
+          }
         }
         if (ev.done) {
           ++done;
@@ -219,8 +224,8 @@ nlohmann::json bench_concurrency(const std::string& dir, const std::vector<int>&
     }
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return done == n; });
-    const double secs = std::chrono::duration<double>(last_token - first_token).count();
-    const double tok_s = secs > 0 ? static_cast<double>(generated - 1) / secs : 0;
+    const double secs = std::chrono::duration<double>(last_token - all_started).count();
+    const double tok_s = secs > 0 ? static_cast<double>(after_start) / secs : 0;
     out.push_back({{"streams", n}, {"aggregate_tok_s", tok_s}});
     std::fprintf(stderr, "  %d streams: %.2f tok/s aggregate\n", n, tok_s);
   }

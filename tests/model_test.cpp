@@ -258,3 +258,33 @@ TEST(EngramHash, MatchesTheFormulaAcrossCallBoundaries) {
 
 }  // namespace
 }  // namespace dsv41
+
+namespace dsv41 {
+namespace {
+
+// A batched decode step over several sequences gives each exactly what its own decode step gives.
+TEST(ModelBatch, DecodeBatchEqualsDecodingEachSequence) {
+  const Model& m = tiny();
+  StatePools& pools = test::pools_for(m);
+  std::vector<std::unique_ptr<Session>> a, b;
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<int32_t> prompt = random_ids(20 + 31 * i, 50 + static_cast<uint32_t>(i), 1024);
+    a.push_back(std::make_unique<Session>(m, pools, SessionOptions{}));
+    b.push_back(std::make_unique<Session>(m, pools, SessionOptions{}));
+    a.back()->prefill(prompt);
+    b.back()->prefill(prompt);
+  }
+  for (int step = 0; step < 6; ++step) {
+    std::vector<int32_t> tokens = {static_cast<int32_t>(7 + step), static_cast<int32_t>(300 + step), static_cast<int32_t>(900 - step)};
+    std::vector<Session*> batch = {a[0].get(), a[1].get(), a[2].get()};
+    std::vector<std::vector<float>> together = Session::decode_batch(batch, tokens);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(together[i], b[i]->decode(tokens[i])) << "sequence " << i << " step " << step;
+      EXPECT_EQ(a[i]->state().window, b[i]->state().window);
+      EXPECT_EQ(a[i]->state().engram_recent, b[i]->state().engram_recent);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dsv41

@@ -211,6 +211,80 @@ ForwardResult Model::forward(SequenceState& st, const std::vector<int32_t>& toke
   return res;
 }
 
+std::vector<std::vector<float>> Model::decode_batch(const std::vector<SequenceState*>& states,
+                                                   const std::vector<int32_t>& tokens, IndexKeysMode index_keys) const {
+  const ModelConfig& c = config();
+  const int64_t n = static_cast<int64_t>(states.size()), hc = c.hc_mult, d = c.dim, V = c.vocab_size;
+  if (static_cast<int64_t>(tokens.size()) != n || n == 0) fail("decode_batch", "needs one token per sequence");
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= V) fail("tokens", "id " + std::to_string(tokens[i]) + " is outside the vocabulary");
+    if (states[i]->length + 1 > c.max_seq_len) fail("forward", "context exceeds the model's " + std::to_string(c.max_seq_len));
+  }
+  std::vector<ForwardContext> ctx(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    ctx[i].start = states[i]->length;
+    ctx[i].count = 1;
+    ctx[i].index_keys = index_keys;
+    ctx[i].topk.resize(roles_.size());
+    ctx[i].topk_written.assign(roles_.size(), false);
+  }
+  // Engram rows of every sequence's token, gathered as each Engram layer is reached
+  std::vector<std::vector<std::vector<int64_t>>> ids(c.engram_layer_ids.size());
+  for (int64_t i = 0; i < n; ++i) {
+    if (c.engram_layer_ids.empty()) break;
+    std::vector<int64_t> compressed = hasher_.compress({tokens[i]});
+    for (size_t slot = 0; slot < c.engram_layer_ids.size(); ++slot) {
+      ids[slot].push_back(hasher_.row_ids(static_cast<int>(slot), states[i]->engram_recent, compressed));
+    }
+    std::vector<int64_t>& recent = states[i]->engram_recent;
+    recent.push_back(compressed[0]);
+    const size_t keep = static_cast<size_t>(c.engram_max_ngram_size - 1);
+    if (recent.size() > keep) recent.erase(recent.begin(), recent.end() - keep);
+  }
+  std::vector<float> X(static_cast<size_t>(n * hc * d)), pre(static_cast<size_t>(n * hc), 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t* e = &weights_->embed.bits[static_cast<size_t>(tokens[i]) * d];
+    for (int64_t cp = 0; cp < hc; ++cp)
+      for (int64_t j = 0; j < d; ++j) X[(i * hc + cp) * d + j] = bf16_to_f32(e[j]);
+    pre[i * hc] = 1.0f;
+  }
+  std::vector<float> u(static_cast<size_t>(n * d)), y(static_cast<size_t>(n * d));
+  for (int layer = 0; layer < c.n_layers; ++layer) {
+    const LayerWeights& L = weights_->layers[layer];
+    const LayerRole& r = roles_[layer];
+    if (r.engram) {
+      size_t slot = 0;
+      while (c.engram_layer_ids[slot] != layer) ++slot;
+      EngramStore& table = *L.engram->table;
+      for (int64_t i = 0; i < n; ++i) {
+        std::vector<uint8_t> codes(ids[slot][i].size() * static_cast<size_t>(table.row_bytes()));
+        std::vector<uint8_t> scales(ids[slot][i].size() * static_cast<size_t>(table.scale_bytes()));
+        table.gather(table.prefetch(ids[slot][i]), codes.data(), scales.data());
+        engram_forward(c, *L.engram, codes.data(), scales.data(), 1, &X[i * hc * d]);
+      }
+    }
+    Mixes a = hc_mixes(c, X.data(), n, L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base);
+    hc_pre(c, X.data(), pre.data(), n, u.data());
+    norm_rows(u.data(), n, d, L.attn_norm, c.norm_eps, u.data());
+    for (int64_t i = 0; i < n; ++i) attention_forward(c, r, L.attn, rope(layer), &u[i * d], ctx[i], *states[i], &y[i * d]);
+    hc_post(c, X.data(), y.data(), a, n);
+    Mixes f = hc_mixes(c, X.data(), n, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base);
+    hc_pre(c, X.data(), a.pre.data(), n, u.data());
+    norm_rows(u.data(), n, d, L.ffn_norm, c.norm_eps, u.data());
+    moe_forward(c, layer, L.ffn, u.data(), n, y.data());  // all sequences' tokens through one MoE
+    hc_post(c, X.data(), y.data(), f, n);
+    pre = f.pre;
+  }
+  for (SequenceState* st : states) ++st->length;
+  hc_pre(c, X.data(), pre.data(), n, u.data());
+  norm_rows(u.data(), n, d, weights_->norm, c.norm_eps, u.data());
+  std::vector<float> logits(static_cast<size_t>(n * V));
+  linear_f32(u.data(), n, weights_->head.view(), logits.data());
+  std::vector<std::vector<float>> out;
+  for (int64_t i = 0; i < n; ++i) out.emplace_back(logits.begin() + i * V, logits.begin() + (i + 1) * V);
+  return out;
+}
+
 std::vector<int64_t> Model::engram_history(const std::vector<int32_t>& tokens) const {
   if (config().engram_layer_ids.empty()) return {};
   const size_t keep = static_cast<size_t>(config().engram_max_ngram_size - 1);

@@ -73,6 +73,7 @@ struct Engine::Impl {
   bool admit_locked();
   void finish(Request& r, const std::string& reason, const std::string& error = "");
   bool emit(Request& r, int32_t token, const std::vector<float>& logits);
+  void sample_and_emit(Request& r, const std::vector<float>& logits, int64_t vocab);
 };
 
 Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
@@ -260,6 +261,9 @@ bool Engine::Impl::admit_locked() {
 
 void Engine::Impl::step() {
   const int64_t V = model->config().vocab_size;
+  // prefill chunks first, one sequence at a time; every sequence ready to decode then runs in one
+  // batched step (the experts' weights are read once for all of them)
+  std::vector<Request*> decoding;
   for (auto& rp : running) {
     Request& r = *rp;
     if (r.finished) continue;
@@ -274,14 +278,30 @@ void Engine::Impl::step() {
       r.session->prefill_step(opt.prefill_chunk);
       if (r.session->prefill_pending()) continue;
     }
-    const std::vector<float> logits = r.started ? r.session->decode(r.last) : r.session->last_logits();
-    r.started = true;
-    const int32_t sampled = r.sampler->sample(logits.data(), V);
-    const int32_t token = r.generated < static_cast<int64_t>(r.params.forced_output.size())
-                              ? r.params.forced_output[static_cast<size_t>(r.generated)]
-                              : sampled;
-    emit(r, token, logits);
+    if (!r.started) {  // the first token comes from the prefill's logits
+      r.started = true;
+      sample_and_emit(r, r.session->last_logits(), V);
+      continue;
+    }
+    decoding.push_back(&r);
   }
+  if (decoding.empty()) return;
+  std::vector<Session*> sessions;
+  std::vector<int32_t> tokens;
+  for (Request* r : decoding) {
+    sessions.push_back(r->session.get());
+    tokens.push_back(r->last);
+  }
+  std::vector<std::vector<float>> logits = Session::decode_batch(sessions, tokens);
+  for (size_t i = 0; i < decoding.size(); ++i) sample_and_emit(*decoding[i], logits[i], V);
+}
+
+void Engine::Impl::sample_and_emit(Request& r, const std::vector<float>& logits, int64_t V) {
+  const int32_t sampled = r.sampler->sample(logits.data(), V);
+  const int32_t token = r.generated < static_cast<int64_t>(r.params.forced_output.size())
+                            ? r.params.forced_output[static_cast<size_t>(r.generated)]
+                            : sampled;
+  emit(r, token, logits);
 }
 
 void Engine::Impl::loop() {

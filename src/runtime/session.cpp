@@ -71,4 +71,26 @@ std::vector<float> Session::decode(int32_t token) {
   return std::move(r.logits);
 }
 
+std::vector<std::vector<float>> Session::decode_batch(const std::vector<Session*>& sessions,
+                                                      const std::vector<int32_t>& tokens) {
+  if (sessions.empty()) return {};
+  bool plain = sessions.size() == 1;
+  for (Session* s : sessions) {
+    // sessions that observe every forward (a drafter) or use another model or key mode go one by one
+    plain = plain || s->observer_ || &s->model_ != &sessions[0]->model_ ||
+            s->options_.index_keys != sessions[0]->options_.index_keys || s->prefill_pending();
+  }
+  if (plain) {
+    std::vector<std::vector<float>> out;
+    for (size_t i = 0; i < sessions.size(); ++i) out.push_back(sessions[i]->decode(tokens[i]));
+    return out;
+  }
+  std::vector<SequenceState*> states;
+  for (Session* s : sessions) states.push_back(&s->state_);
+  std::vector<std::vector<float>> out =
+      sessions[0]->model_.decode_batch(states, tokens, sessions[0]->options_.index_keys);
+  for (size_t i = 0; i < sessions.size(); ++i) sessions[i]->history_.push_back(tokens[i]);
+  return out;
+}
+
 }  // namespace dsv41

@@ -15,6 +15,20 @@ namespace {
 
 using nlohmann::json;
 
+// A command line and a phrase its error message must contain.
+struct Case {
+  std::string args, expect;
+};
+
+// Every case fails with a non-zero status and names what is wrong.
+void expect_errors(const std::vector<Case>& cases) {
+  for (const Case& c : cases) {
+    auto r = test::run_dsv41(c.args);
+    EXPECT_NE(r.status, 0) << c.args;
+    EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.args << "\n" << r.out;
+  }
+}
+
 TEST(CliInspect, ReleasedConfigTextReport) {
   auto r = test::run_dsv41("inspect " + test::released_config());
   ASSERT_EQ(r.status, 0) << r.out;
@@ -84,9 +98,6 @@ TEST(CliInspect, CorruptCheckpointIsRefusedNamingTheFile) {
 }
 
 TEST(CliErrors, BadFlagsAndPathsGetClearErrors) {
-  struct Case {
-    std::string args, expect;
-  };
   std::vector<Case> cases = {
       {"inspect", "expects exactly one PATH"},
       {"inspect /nonexistent/model", "/nonexistent/model: no such file or folder"},
@@ -98,11 +109,7 @@ TEST(CliErrors, BadFlagsAndPathsGetClearErrors) {
       {"make-tiny --out /proc/dsv41-cannot-write", "/proc/dsv41-cannot-write"},
       {"frobnicate", "unknown command 'frobnicate'"},
   };
-  for (const Case& c : cases) {
-    auto r = test::run_dsv41(c.args);
-    EXPECT_NE(r.status, 0) << c.args;
-    EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.args << "\n" << r.out;
-  }
+  expect_errors(cases);
 }
 
 }  // namespace
@@ -214,9 +221,6 @@ TEST(CliGenerate, BadRequestsGetClearErrors) {
   std::filesystem::copy(test::tiny_model_dir(), tmp / "m", std::filesystem::copy_options::recursive);
   std::filesystem::copy_file(test::golden_dir("tiny-dense") + "/config.json", tmp / "m/config.json",
                              std::filesystem::copy_options::overwrite_existing);
-  struct Case {
-    std::string args, expect;
-  };
   std::vector<Case> cases = {
       {"generate -p hi", "--model: is required"},
       {"generate -m /nonexistent -p hi", "/nonexistent: no such file or folder"},
@@ -230,11 +234,7 @@ TEST(CliGenerate, BadRequestsGetClearErrors) {
       {"generate" + m + " -p hi -n 5000", "exceeds the model's context of 4096"},
       {"generate -m " + (tmp / "m") + " -p hi", "tensor"},  // weights of another model
   };
-  for (const Case& c : cases) {
-    auto r = test::run_dsv41(c.args);
-    EXPECT_NE(r.status, 0) << c.args;
-    EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.args << "\n" << r.out;
-  }
+  expect_errors(cases);
 }
 
 }  // namespace

@@ -19,10 +19,7 @@
 namespace dsv41 {
 namespace {
 
-const Model& tiny() {
-  static std::unique_ptr<Model> model = load_model(test::tiny_model_dir());
-  return *model;
-}
+const Model& tiny() { return test::tiny_model(); }
 
 // Every stored row of a paged state class, concatenated.
 std::vector<uint8_t> all_rows(const PagedRows& rows) {

@@ -16,10 +16,7 @@ namespace {
 
 using nlohmann::json;
 
-const Model& tiny() {
-  static std::unique_ptr<Model> model = load_model(test::tiny_model_dir());
-  return *model;
-}
+const Model& tiny() { return test::tiny_model(); }
 
 std::vector<int32_t> ids(int n, uint32_t seed) {
   std::mt19937 rng(seed);

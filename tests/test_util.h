@@ -66,6 +66,12 @@ inline const std::string& tiny_model_dir() {
   return dir.path();
 }
 
+// The tiny preset loaded once per test process.
+inline const Model& tiny_model() {
+  static std::unique_ptr<Model> model = load_model(tiny_model_dir());
+  return *model;
+}
+
 // Page pools for sequences of `model`, one set per model geometry for the whole test process (they
 // must outlive every sequence that uses them).
 inline StatePools& pools_for(const Model& model) {

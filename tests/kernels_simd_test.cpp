@@ -19,6 +19,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/kernels.h"
 #include "kernels/linear_internal.h"
+#include "kernels/packed_weights.h"
 #include "kernels/thread_pool.h"
 #include "numeric/formats.h"
 
@@ -35,6 +36,7 @@ struct Level {
   Fp8Fn fp8;
   Fp4Fn fp4;
   Bf16Fn bf16, f32;
+  int tile_rows;  // of the weights it reads packed (packed_weights.h)
 };
 
 // The fast levels this machine can run (none on a machine without AVX2: the tests then skip).
@@ -42,11 +44,11 @@ std::vector<Level> levels() {
   std::vector<Level> out;
   if (isa_supported(Isa::avx2)) {
     out.push_back({Isa::avx2, detail::linear_fp8_avx2, detail::linear_fp4_avx2, detail::linear_bf16_avx2,
-                   detail::linear_f32_avx2});
+                   detail::linear_f32_avx2, 16});
   }
   if (isa_supported(Isa::avx512)) {
     out.push_back({Isa::avx512, detail::linear_fp8_avx512, detail::linear_fp4_avx512, detail::linear_bf16_avx512,
-                   detail::linear_f32_avx512});
+                   detail::linear_f32_avx512, 32});
   }
   return out;
 }
@@ -130,6 +132,13 @@ struct Shape {
   int64_t m, n, k;
 };
 
+// The same matrix with a packed copy for `level` (the copy must outlive the returned view).
+template <class Matrix>
+Matrix with_packed(Matrix m, const std::unique_ptr<PackedWeights>& p) {
+  m.packed = p->view();
+  return m;
+}
+
 std::string describe(const Level& l, const Shape& s) {
   return std::string(isa_name(l.isa)) + " m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) +
          " k=" + std::to_string(s.k);
@@ -156,6 +165,10 @@ TEST(KernelsSimd, Fp8MatchesScalar) {
       detail::linear_fp8_scalar(x.data(), s.m, mat, want.data());
       level.fp8(x.data(), s.m, mat, got.data());
       EXPECT_EQ(first_difference(got, want), "") << describe(level, s);
+      const auto packed = pack_fp8(mat, level.tile_rows);
+      std::fill(got.begin(), got.end(), -1.0f);
+      level.fp8(x.data(), s.m, with_packed(mat, packed), got.data());
+      EXPECT_EQ(first_difference(got, want), "") << "packed " << describe(level, s);
     }
   }
 }
@@ -172,6 +185,10 @@ TEST(KernelsSimd, Fp4MatchesScalar) {
       detail::linear_fp4_scalar(x.data(), s.m, mat, want.data());
       level.fp4(x.data(), s.m, mat, got.data());
       EXPECT_EQ(first_difference(got, want), "") << describe(level, s);
+      const auto packed = pack_fp4(mat, level.tile_rows);
+      std::fill(got.begin(), got.end(), -1.0f);
+      level.fp4(x.data(), s.m, with_packed(mat, packed), got.data());
+      EXPECT_EQ(first_difference(got, want), "") << "packed " << describe(level, s);
     }
   }
 }
@@ -192,14 +209,21 @@ TEST(KernelsSimd, Bf16AndF32MatchScalar) {
       for (auto& v : xf) v = dist(rng);  // any fp32 for linear_f32
       const std::vector<uint16_t> w = random_bf16_bits(rng, static_cast<size_t>(s.n * s.k));
       const Bf16Matrix mat{w.data(), s.n, s.k};
+      const auto packed = pack_bf16(mat, level.tile_rows);
       std::vector<float> want(static_cast<size_t>(s.m * s.n)), got(want.size(), -1.0f);
       detail::linear_bf16_scalar(xb.data(), s.m, mat, want.data());
       level.bf16(xb.data(), s.m, mat, got.data());
       EXPECT_EQ(first_difference(got, want), "") << "bf16 " << describe(level, s);
+      std::fill(got.begin(), got.end(), -1.0f);
+      level.bf16(xb.data(), s.m, with_packed(mat, packed), got.data());
+      EXPECT_EQ(first_difference(got, want), "") << "bf16 packed " << describe(level, s);
       detail::linear_f32_scalar(xf.data(), s.m, mat, want.data());
       std::fill(got.begin(), got.end(), -1.0f);
       level.f32(xf.data(), s.m, mat, got.data());
       EXPECT_EQ(first_difference(got, want), "") << "f32 " << describe(level, s);
+      std::fill(got.begin(), got.end(), -1.0f);
+      level.f32(xf.data(), s.m, with_packed(mat, packed), got.data());
+      EXPECT_EQ(first_difference(got, want), "") << "f32 packed " << describe(level, s);
     }
   }
 }
@@ -334,6 +358,9 @@ TEST(KernelsSimd, ExtremeValuesMatchScalar) {
       detail::linear_fp8_scalar(x.data(), s.m, m8, want.data());
       level.fp8(x.data(), s.m, m8, got.data());
       EXPECT_EQ(first_difference(got, want, true), "") << "fp8 " << describe(level, s);
+      const auto p8 = pack_fp8(m8, level.tile_rows);  // flags the tiles of rows 5 and 40
+      level.fp8(x.data(), s.m, with_packed(m8, p8), got.data());
+      EXPECT_EQ(first_difference(got, want, true), "") << "fp8 packed " << describe(level, s);
 
       const std::vector<uint8_t> w4 = random_bytes(rng, static_cast<size_t>(s.n * s.k / 2));
       std::vector<uint8_t> sc4 = random_scales(rng, static_cast<size_t>(s.n * (s.k / 32)));
@@ -344,6 +371,64 @@ TEST(KernelsSimd, ExtremeValuesMatchScalar) {
       detail::linear_fp4_scalar(x.data(), s.m, m4, want.data());
       level.fp4(x.data(), s.m, m4, got.data());
       EXPECT_EQ(first_difference(got, want, true), "") << "fp4 " << describe(level, s);
+      const auto p4 = pack_fp4(m4, level.tile_rows);  // scale codes 0, 254 and 255 through the vector decode
+      level.fp4(x.data(), s.m, with_packed(m4, p4), got.data());
+      EXPECT_EQ(first_difference(got, want, true), "") << "fp4 packed " << describe(level, s);
+    }
+  }
+}
+
+// ---- packed weights ---------------------------------------------------------------------------
+
+// The layout itself: column c of the rows of a tile side by side, zero rows after the last one, rows
+// padded to whole K blocks, FP4 scales per tile in the same order with 127 for the padding rows.
+TEST(PackedWeights, LayoutIsColumnsOfTileRows) {
+  const int64_t n = 5, k = 40;  // 2 tiles of 4 rows; k padded to 64
+  std::vector<uint8_t> w(static_cast<size_t>(n * k / 2));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint8_t>(i * 7 + 1);
+  std::vector<uint8_t> sc(static_cast<size_t>(n * 1));
+  for (size_t i = 0; i < sc.size(); ++i) sc[i] = static_cast<uint8_t>(120 + i);
+  const PackedWeights p(w.data(), n, k / 2, 32, 1, 4, sc.data(), 1, false);
+  const PackedView v = p.view();
+  ASSERT_EQ(v.tile_rows, 4);
+  ASSERT_EQ(v.tile_bytes, 32 * 4);
+  for (int64_t t = 0; t < 2; ++t) {
+    for (int64_t c = 0; c < 32; ++c) {
+      for (int64_t r = 0; r < 4; ++r) {
+        const int64_t row = t * 4 + r;
+        const uint8_t want = row < n && c < k / 2 ? w[static_cast<size_t>(row * (k / 2) + c)] : 0;
+        EXPECT_EQ(v.tiles[t * v.tile_bytes + c * 4 + r], want) << t << " " << c << " " << r;
+      }
+    }
+    for (int64_t r = 0; r < 4; ++r) {
+      const int64_t row = t * 4 + r;
+      EXPECT_EQ(v.scales[t * v.scale_tile_bytes + r], row < n ? sc[static_cast<size_t>(row)] : 127);
+    }
+  }
+  EXPECT_EQ(v.from_row(4).tiles, v.tiles + v.tile_bytes);
+  EXPECT_EQ(v.from_row(2).tile_rows, 0) << "a sub-matrix off the tile grid has no packed view";
+}
+
+// A sub-matrix of packed rows (one group of a block-diagonal projection such as wo_a) gives the
+// rows of the whole matrix, whether it starts on a tile boundary (packed) or not (row-major).
+TEST(PackedWeights, RowGroupsMatchTheWholeMatrix) {
+  std::mt19937 rng(23);
+  for (const Level& level : levels()) {
+    const int64_t n = 4 * level.tile_rows + 8, k = 96;
+    const std::vector<uint16_t> w = random_bf16_bits(rng, static_cast<size_t>(n * k));
+    const std::vector<float> x = random_activations(rng, 1, k);
+    const Bf16Matrix all{w.data(), n, k};
+    const auto packed = pack_bf16(all, level.tile_rows);
+    std::vector<float> want(static_cast<size_t>(n));
+    detail::linear_bf16_scalar(x.data(), 1, all, want.data());
+    for (const int64_t row0 : {int64_t{0}, int64_t{level.tile_rows}, int64_t{2 * level.tile_rows + 8}, int64_t{3}}) {
+      const int64_t count = std::min<int64_t>(2 * level.tile_rows, n - row0);
+      const PackedView pv = packed->view().from_row(row0);
+      const Bf16Matrix part{w.data() + row0 * k, count, k, pv};
+      std::vector<float> got(static_cast<size_t>(count), -1.0f);
+      level.bf16(x.data(), 1, part, got.data());
+      const std::vector<float> expect(want.begin() + row0, want.begin() + row0 + count);
+      EXPECT_EQ(first_difference(got, expect), "") << isa_name(level.isa) << " rows from " << row0;
     }
   }
 }

@@ -11,19 +11,33 @@
 namespace dsv41 {
 
 // ---- weight views (zero-copy into the checkpoint mapping) ---------------------------------------
+// A copy of a matrix re-laid in tiles of rows for the SIMD kernels (kernels/packed_weights.h), or
+// none (tile_rows == 0): the kernels then read the row-major view.
+struct PackedView {
+  const uint8_t* tiles = nullptr;      // [tile][column][tile_rows] elements
+  const uint8_t* scales = nullptr;     // FP4 only: [tile][k/32][tile_rows] E8M0 codes
+  const uint8_t* nan_tiles = nullptr;  // FP8 only: 1 where the tile holds a NaN code
+  int tile_rows = 0;
+  int64_t tile_bytes = 0, scale_tile_bytes = 0;
+  // The rows from row0 on (a sub-matrix such as one group of wo_a); none unless row0 starts a tile.
+  PackedView from_row(int64_t row0) const;
+};
 struct Fp8Matrix {  // F8_E4M3 [n, k], F8_E8M0 scale [ceil(n/32), ceil(k/32)]
   const uint8_t* w = nullptr;
   const uint8_t* scale = nullptr;
   int64_t n = 0, k = 0;
+  PackedView packed{};
 };
 struct Fp4Matrix {  // I8 [n, k/2] packed E2M1 (low nibble = even k), F8_E8M0 scale [n, k/32]
   const uint8_t* w = nullptr;
   const uint8_t* scale = nullptr;
   int64_t n = 0, k = 0;
+  PackedView packed{};
 };
 struct Bf16Matrix {  // BF16 [n, k]
   const uint16_t* w = nullptr;
   int64_t n = 0, k = 0;
+  PackedView packed{};
 };
 
 // ---- linear layers: y[m, n] = x[m, k] · Wᵀ --------------------------------------------------------

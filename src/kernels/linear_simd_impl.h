@@ -42,6 +42,7 @@ constexpr int64_t kKc = 8;  // K blocks per GEMM panel: 2W rows × 256 k decoded
 // The weight-side specifics of each layer kind, on top of its decoder.
 struct Fp8Kind {
   using Dec = Fp8Dec;
+  using PDec = Fp8PackedDec;
   using Matrix = Fp8Matrix;
   static constexpr bool kScaled = true;    // per-block partial sums scaled by a_s·w_s
   static constexpr bool kRounded = false;  // products exact: an FMA is the same as mul + add
@@ -61,10 +62,12 @@ struct Fp8Kind {
       V::store(out + (2 * b + 1) * V::W, v);
     }
   }
+  static void packed_scales(const Matrix& w, int64_t tile, float* out) { tile_scales(w, tile * 2 * V::W, 0, out); }
 };
 
 struct Fp4Kind {
   using Dec = Fp4Dec;
+  using PDec = Fp4PackedDec;
   using Matrix = Fp4Matrix;
   static constexpr bool kScaled = true;
   static constexpr bool kRounded = false;
@@ -83,11 +86,17 @@ struct Fp4Kind {
       }
     }
   }
+  // Packed scales are already [kb][2][W] in lane order: a straight conversion.
+  static void packed_scales(const Matrix& w, int64_t tile, float* out) {
+    const uint8_t* s = w.packed.scales + tile * w.packed.scale_tile_bytes;
+    for (int64_t i = 0; i < w.packed.scale_tile_bytes; i += V::W) V::store(out + i, V::e8m0(s + i));
+  }
 };
 
 template <bool Rounded>
 struct Bf16Kind {
   using Dec = Bf16Dec;
+  using PDec = Bf16PackedDec;
   using Matrix = Bf16Matrix;
   static constexpr bool kScaled = false;
   // linear_bf16 takes bf16 activations, so its products are exact and an FMA is mul + add; linear_f32
@@ -98,6 +107,7 @@ struct Bf16Kind {
   static int64_t row_bytes(const Matrix& w) { return w.k * 2; }
   static const uint8_t* row(const Matrix& w, int64_t r) { return reinterpret_cast<const uint8_t*>(w.w + r * w.k); }
   static void tile_scales(const Matrix&, int64_t, int, float*) {}
+  static void packed_scales(const Matrix&, int64_t, float*) {}
 };
 
 // ---- tiles ----------------------------------------------------------------------------------------
@@ -372,6 +382,73 @@ void gemm_rows(const float* x, const float* xs, const QuantizedActivations* qa, 
   }
 }
 
+// ---- packed weights (packed_weights.h) ------------------------------------------------------------
+// The same two paths over tiles packed at load time: block b of tile t starts at
+// tiles + t·tile_bytes + b·kBlockBytes·2W and Kind::PDec decodes it without a transpose. FP8 tiles
+// holding a NaN code were flagged when packing and take the scalar path.
+
+template <class Kind>
+inline const uint8_t* packed_block(const typename Kind::Matrix& w, int64_t tile, int64_t b) {
+  return w.packed.tiles + tile * w.packed.tile_bytes + b * Kind::PDec::kBlockBytes * kTileRows;
+}
+
+template <class Kind>
+inline bool packed_nan(const typename Kind::Matrix& w, int64_t tile) {
+  return w.packed.nan_tiles != nullptr && w.packed.nan_tiles[tile] != 0;
+}
+
+template <class Kind, int M>
+void gemv_packed(const float* x, const float* xs, const QuantizedActivations* qa, const typename Kind::Matrix& w,
+                 float* y, int64_t r0, int64_t r1) {
+  Scratch& s = scratch();
+  const int64_t kb = k_blocks(w.k);
+  float* ws = grow(s.scales, static_cast<size_t>(std::max<int64_t>(kb, 1) * kTileRows));
+  for (int64_t row0 = r0; row0 < r1; row0 += kTileRows) {
+    const int64_t tile = row0 / kTileRows;
+    const int count = static_cast<int>(std::min<int64_t>(kTileRows, r1 - row0));
+    if (packed_nan<Kind>(w, tile)) {
+      tile_scalar<Kind>(*qa, w, y, row0, count);
+      continue;
+    }
+    Kind::packed_scales(w, tile, ws);
+    GemvSink<Kind, M> sink(x, xs, w.k, ws);
+    for (int64_t b = 0; b < kb; ++b) Kind::PDec::step(packed_block<Kind>(w, tile, b), b, sink);
+    for (int i = 0; i < M; ++i) {
+      Kind::PDec::store(y + i * w.n + row0, finish<Kind>(sink.acc[i][0]), finish<Kind>(sink.acc[i][1]), count);
+    }
+  }
+}
+
+template <class Kind>
+void gemm_packed(const float* x, const float* xs, const QuantizedActivations* qa, int64_t m,
+                 const typename Kind::Matrix& w, float* y, int64_t r0, int64_t r1) {
+  Scratch& s = scratch();
+  const int64_t kb = k_blocks(w.k);
+  float* ws = grow(s.scales, static_cast<size_t>(std::max<int64_t>(kb, 1) * kTileRows));
+  float* panel = grow(s.panel, static_cast<size_t>(kKc * kQBlock * kTileRows));
+  float* acc = grow(s.acc, static_cast<size_t>(m * kTileRows));
+  for (int64_t row0 = r0; row0 < r1; row0 += kTileRows) {
+    const int64_t tile = row0 / kTileRows;
+    const int count = static_cast<int>(std::min<int64_t>(kTileRows, r1 - row0));
+    if (packed_nan<Kind>(w, tile)) {
+      tile_scalar<Kind>(*qa, w, y, row0, count);
+      continue;
+    }
+    Kind::packed_scales(w, tile, ws);
+    std::fill(acc, acc + m * kTileRows, 0.0f);
+    for (int64_t c0 = 0; c0 < kb; c0 += kKc) {
+      const int64_t c1 = std::min(kb, c0 + kKc);
+      PackSink sink{panel, c0};
+      for (int64_t b = c0; b < c1; ++b) Kind::PDec::step(packed_block<Kind>(w, tile, b), b, sink);
+      micro_rows<Kind, V::MI>(x, xs, m, w.k, panel, ws, c0, c1, acc);
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      const float* a = acc + i * kTileRows;
+      Kind::PDec::store(y + i * w.n + row0, finish<Kind>(V::load(a)), finish<Kind>(V::load(a + V::W)), count);
+    }
+  }
+}
+
 // ---- entry points ---------------------------------------------------------------------------------
 
 // act_quant of every row (quantize_row, defined by the ISA file), rows split over the pool.
@@ -418,6 +495,20 @@ void run_linear(const float* x, int64_t m, const typename Kind::Matrix& w, float
       body(int64_t{0}, w.n);
     }
   };
+  if (w.packed.tile_rows == kTileRows) {
+    switch (m <= V::kGemvRows ? m : 0) {
+      case 1:
+        return split([&](int64_t r0, int64_t r1) { gemv_packed<Kind, 1>(xv, xs, qp, w, y, r0, r1); });
+      case 2:
+        return split([&](int64_t r0, int64_t r1) { gemv_packed<Kind, 2>(xv, xs, qp, w, y, r0, r1); });
+      case 3:
+        return split([&](int64_t r0, int64_t r1) { gemv_packed<Kind, 3>(xv, xs, qp, w, y, r0, r1); });
+      case 4:
+        return split([&](int64_t r0, int64_t r1) { gemv_packed<Kind, 4>(xv, xs, qp, w, y, r0, r1); });
+      default:
+        return split([&](int64_t r0, int64_t r1) { gemm_packed<Kind>(xv, xs, qp, m, w, y, r0, r1); });
+    }
+  }
   switch (m <= V::kGemvRows ? m : 0) {
     case 1:
       return split([&](int64_t r0, int64_t r1) { gemv_rows<Kind, 1>(xv, xs, qp, w, y, r0, r1); });

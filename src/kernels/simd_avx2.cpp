@@ -63,6 +63,7 @@ struct V {
     const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     _mm256_maskstore_ps(p, mask, v);
   }
+  static F e8m0(const uint8_t* codes);  // W E8M0 codes as fp32 (defined with the packed decoders)
 };
 
 // Rows r and r+8 of a 16-row tile side by side in one ymm: 16 bytes of each.
@@ -207,6 +208,61 @@ struct Bf16Dec : SplitRows {
       for (int f = 0; f < 8; ++f) {
         sink.w(8 * e + f, widen(_mm256_castsi256_si128(t[f])), widen(_mm256_extracti128_si256(t[f], 1)));
       }
+    }
+    sink.end(b);
+  }
+};
+
+// ---- packed tiles (packed_weights.h): one column of 16 rows side by side, rows 0..7 in v0 ---------
+
+// 8 E8M0 codes as fp32 lanes: the code is the exponent field, except 0 (the subnormal 2^-127) and
+// 0xFF (NaN), as e8m0_to_f32.
+inline __m256 V::e8m0(const uint8_t* codes) {
+  const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
+  __m256i bits = _mm256_slli_epi32(c, 23);
+  bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x00400000), _mm256_cmpeq_epi32(c, _mm256_setzero_si256()));
+  bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x7FC00000), _mm256_cmpeq_epi32(c, _mm256_set1_epi32(0xFF)));
+  return _mm256_castsi256_ps(bits);
+}
+
+struct Fp8PackedDec : SplitRows {
+  static constexpr int64_t kBlockBytes = 32;  // of one row per K block
+  template <class Sink>
+  static void step(const uint8_t* p, int64_t b, Sink& sink) {
+    sink.begin(b);
+    for (int j = 0; j < 32; ++j) {
+      __m256 v0, v1;
+      Fp8Dec::decode(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * j)), v0, v1);
+      sink.w(j, v0, v1);
+    }
+    sink.end(b);
+  }
+};
+
+struct Fp4PackedDec : SplitRows {
+  static constexpr int64_t kBlockBytes = 16;
+  template <class Sink>
+  static void step(const uint8_t* p, int64_t b, Sink& sink) {
+    sink.begin(b);
+    for (int q = 0; q < 16; ++q) {  // column q: k = 2q (low nibbles) and 2q+1 (high nibbles)
+      const uint8_t* c = p + 16 * q;
+      const __m256i d0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
+      const __m256i d1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + 8)));
+      sink.w(2 * q, Fp4Dec::nibbles(d0), Fp4Dec::nibbles(d1));
+      sink.w(2 * q + 1, Fp4Dec::nibbles(_mm256_srli_epi32(d0, 4)), Fp4Dec::nibbles(_mm256_srli_epi32(d1, 4)));
+    }
+    sink.end(b);
+  }
+};
+
+struct Bf16PackedDec : SplitRows {
+  static constexpr int64_t kBlockBytes = 64;
+  template <class Sink>
+  static void step(const uint8_t* p, int64_t b, Sink& sink) {
+    sink.begin(b);
+    for (int j = 0; j < 32; ++j) {
+      const __m128i* c = reinterpret_cast<const __m128i*>(p + 32 * j);
+      sink.w(j, Bf16Dec::widen(_mm_loadu_si128(c)), Bf16Dec::widen(_mm_loadu_si128(c + 1)));
     }
     sink.end(b);
   }

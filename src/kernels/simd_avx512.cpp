@@ -64,6 +64,7 @@ struct V {
   static void store_first(float* p, F v, int count) {
     _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << count) - 1u), v);
   }
+  static F e8m0(const uint8_t* codes);  // W E8M0 codes as fp32 (defined with the packed decoders)
 };
 
 // Rows r and r+16 of a 32-row tile side by side in one ymm: 16 bytes of each (from memory, the
@@ -216,6 +217,67 @@ struct Bf16Dec : SplitRows {
         sink.w(8 * e + f, widen(_mm256_permute2x128_si256(t[f], t[8 + f], 0x20)),
                widen(_mm256_permute2x128_si256(t[f], t[8 + f], 0x31)));
       }
+    }
+    sink.end(b);
+  }
+};
+
+// ---- packed tiles (packed_weights.h): one column of 32 rows side by side, rows 0..15 in v0 -------
+
+// 16 E8M0 codes as fp32 lanes: the code is the exponent field, except 0 (the subnormal 2^-127) and
+// 0xFF (NaN), as e8m0_to_f32.
+inline __m512 V::e8m0(const uint8_t* codes) {
+  const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+  __m512i bits = _mm512_slli_epi32(c, 23);
+  bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(c, _mm512_setzero_si512()), _mm512_set1_epi32(0x00400000));
+  bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(c, _mm512_set1_epi32(0xFF)), _mm512_set1_epi32(0x7FC00000));
+  return _mm512_castsi512_ps(bits);
+}
+
+struct Fp8PackedDec : SplitRows {
+  static constexpr int64_t kBlockBytes = 32;  // of one row per K block
+  // The e4m3 → fp16 placement of Fp8Dec on sign-extended bytes: s.eeee.mmm << 7 lands the exponent and
+  // mantissa in place and a copy of the sign in bit 15; the mask clears the other copy in bit 14.
+  template <class Sink>
+  static void step(const uint8_t* p, int64_t b, Sink& sink) {
+    const __m512i keep = _mm512_set1_epi16(static_cast<short>(0xBF80));
+    sink.begin(b);
+    for (int j = 0; j < 32; ++j) {
+      const __m512i words = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * j)));
+      const __m512i h = _mm512_and_si512(_mm512_slli_epi16(words, 7), keep);
+      sink.w(j, _mm512_cvtph_ps(_mm512_castsi512_si256(h)), _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)));
+    }
+    sink.end(b);
+  }
+};
+
+struct Fp4PackedDec : SplitRows {
+  static constexpr int64_t kBlockBytes = 16;
+  template <class Sink>
+  static void step(const uint8_t* p, int64_t b, Sink& sink) {
+    const __m512 lut = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
+                                      -2.0f, -3.0f, -4.0f, -6.0f);
+    sink.begin(b);
+    for (int q = 0; q < 16; ++q) {  // column q: k = 2q (low nibbles) and 2q+1 (high nibbles)
+      const uint8_t* c = p + 32 * q;
+      const __m512i d0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
+      const __m512i d1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16)));
+      sink.w(2 * q, _mm512_permutexvar_ps(d0, lut), _mm512_permutexvar_ps(d1, lut));
+      sink.w(2 * q + 1, _mm512_permutexvar_ps(_mm512_srli_epi32(d0, 4), lut),
+             _mm512_permutexvar_ps(_mm512_srli_epi32(d1, 4), lut));
+    }
+    sink.end(b);
+  }
+};
+
+struct Bf16PackedDec : SplitRows {
+  static constexpr int64_t kBlockBytes = 64;
+  template <class Sink>
+  static void step(const uint8_t* p, int64_t b, Sink& sink) {
+    sink.begin(b);
+    for (int j = 0; j < 32; ++j) {
+      const __m256i* c = reinterpret_cast<const __m256i*>(p + 64 * j);
+      sink.w(j, Bf16Dec::widen(_mm256_loadu_si256(c)), Bf16Dec::widen(_mm256_loadu_si256(c + 1)));
     }
     sink.end(b);
   }

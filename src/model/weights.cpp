@@ -1,7 +1,11 @@
 #include "model/weights.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "model/checkpoint_check.h"
 #include "model/layer_roles.h"
@@ -155,6 +159,63 @@ ModelWeights::ModelWeights(const std::string& dir, const ModelConfig& config, En
     dspark.markov_head = b.bf16(last + "markov_head.head.weight");
     dspark.confidence = b.bf16(last + "confidence_head.proj.weight");
   }
+  pack_matrices();
+}
+
+namespace {
+
+// Drops this process's pages of a mapped range that only the packed copy is read from now (they
+// come back from the file if a scalar path touches them): without it the weights would count twice
+// in the resident set.
+void release_mapped(const uint8_t* p, int64_t bytes) {
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)) / page * page;
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+// DSV41_PACK=0 keeps the checkpoint's layout (half the memory of a packed model while it loads, at
+// the price of decode speed).
+bool packing_enabled() {
+  const char* env = std::getenv("DSV41_PACK");
+  return env == nullptr || std::string(env) != "0";
+}
+
+}  // namespace
+
+void ModelWeights::pack_matrices() {
+  const int tile_rows = packed_tile_rows();
+  if (tile_rows == 0 || !packing_enabled()) return;
+  const auto fp8 = [&](Fp8Matrix& m) {
+    if (m.w == nullptr) return;
+    packed_.push_back(pack_fp8(m, tile_rows));
+    m.packed = packed_.back()->view();
+    release_mapped(m.w, m.n * m.k);
+  };
+  const auto fp4 = [&](Fp4Matrix& m) {
+    if (m.w == nullptr) return;
+    packed_.push_back(pack_fp4(m, tile_rows));
+    m.packed = packed_.back()->view();
+    release_mapped(m.w, m.n * m.k / 2);
+  };
+  const auto bf16 = [&](Bf16Tensor& t) {
+    if (!t.bits.empty()) t.packed = pack_bf16(t.view(), tile_rows);
+  };
+  bf16(head);
+  for (LayerWeights& L : layers) {
+    AttentionWeights& a = L.attn;
+    for (Fp8Matrix* m : {&a.wq_a, &a.wq_b, &a.wkv, &a.wo_b, &a.idx_wq_b}) fp8(*m);
+    for (Bf16Tensor* t : {&a.wo_a, &a.comp_wkv, &a.comp_wgate, &a.idx_wk, &a.idx_weights_proj}) bf16(*t);
+    bf16(L.ffn.gate);
+    for (Fp8Matrix* m : {&L.ffn.shared_w1, &L.ffn.shared_w2, &L.ffn.shared_w3}) fp8(*m);
+    for (ExpertWeights& e : L.ffn.experts) {
+      for (Fp4Matrix* m : {&e.w1, &e.w2, &e.w3}) fp4(*m);
+    }
+    if (L.engram) fp8(L.engram->wkv);
+  }
+  fp8(dspark.main_proj);
+  bf16(dspark.markov_head);
+  bf16(dspark.confidence);
 }
 
 }  // namespace dsv41

@@ -13,15 +13,23 @@
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "kernels/kernels.h"
+#include "kernels/packed_weights.h"
 #include "model/engram_store.h"
 
 namespace dsv41 {
 
-// A BF16 matrix copied into aligned storage (the kernels take uint16 bf16 bits).
+// A BF16 matrix copied into aligned storage (the kernels take uint16 bf16 bits), with the SIMD
+// kernels' packed copy when the model packed it.
 struct Bf16Tensor {
   std::vector<uint16_t> bits;
   int64_t n = 0, k = 0;
-  Bf16Matrix view() const { return {bits.data(), n, k}; }
+  std::shared_ptr<const PackedWeights> packed;
+  Bf16Matrix view() const { return {bits.data(), n, k, packed ? packed->view() : PackedView{}}; }
+  // Rows [row0, row0 + count) as a matrix of their own (one group of a block-diagonal projection).
+  Bf16Matrix rows(int64_t row0, int64_t count) const {
+    const Bf16Matrix all = view();
+    return {bits.data() + row0 * k, count, k, all.packed.from_row(row0)};
+  }
 };
 
 struct AttentionWeights {
@@ -79,8 +87,13 @@ class ModelWeights {
   DsparkWeights dspark;
 
  private:
+  // Re-lays every matrix the linear layers read for the active SIMD kernels (packed_weights.h); the
+  // FP8/FP4 views keep pointing into the mapping for the scalar paths.
+  void pack_matrices();
+
   ModelConfig config_;
   std::unique_ptr<Checkpoint> checkpoint_;
+  std::vector<std::unique_ptr<PackedWeights>> packed_;  // behind the FP8/FP4 views' `packed`
 };
 
 }  // namespace dsv41

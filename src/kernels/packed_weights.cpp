@@ -1,0 +1,147 @@
+#include "kernels/packed_weights.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "kernels/cpu_features.h"
+#include "kernels/thread_pool.h"
+
+namespace dsv41 {
+
+namespace {
+
+constexpr int64_t kKBlock = 32;
+
+// Zeroed, 64-byte aligned storage; buffers of a few MB and more ask for transparent huge pages, which
+// spare the decode loop's streaming reads most of their TLB misses.
+uint8_t* allocate(int64_t bytes) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t size = static_cast<size_t>(std::max<int64_t>(bytes, 1));
+  const size_t align = size >= kHuge ? kHuge : 64;
+  void* p = std::aligned_alloc(align, (size + align - 1) / align * align);
+  if (p == nullptr) throw std::bad_alloc();
+  if (align == kHuge) madvise(p, size, MADV_HUGEPAGE);  // a hint: ignored where THP is off
+  std::memset(p, 0, size);
+  return static_cast<uint8_t*>(p);
+}
+
+// One tile: `count` rows of `cols` elements T, written column by column with `tile_rows` slots per
+// column. Rows are read 64 columns at a time so each pass touches few cache lines per row.
+template <class T>
+void transpose_tile(const uint8_t* rows, int64_t count, int64_t row_bytes, int64_t cols, int tile_rows, uint8_t* tile) {
+  constexpr int64_t kStrip = 64;
+  T* out = reinterpret_cast<T*>(tile);
+  for (int64_t c0 = 0; c0 < cols; c0 += kStrip) {
+    const int64_t c1 = std::min(cols, c0 + kStrip);
+    for (int64_t r = 0; r < count; ++r) {
+      T row[kStrip];
+      std::memcpy(row, rows + r * row_bytes + c0 * static_cast<int64_t>(sizeof(T)), static_cast<size_t>(c1 - c0) * sizeof(T));
+      for (int64_t c = c0; c < c1; ++c) out[c * tile_rows + r] = row[c - c0];
+    }
+  }
+}
+
+}  // namespace
+
+void PackedWeights::Free::operator()(uint8_t* p) const { std::free(p); }
+
+PackedView PackedView::from_row(int64_t row0) const {
+  if (tile_rows == 0) return *this;
+  if (row0 % tile_rows != 0) return {};  // not on a tile boundary: the kernels read the row-major view
+  PackedView v = *this;
+  const int64_t t = row0 / tile_rows;
+  v.tiles += t * tile_bytes;
+  if (v.scales != nullptr) v.scales += t * scale_tile_bytes;
+  if (v.nan_tiles != nullptr) v.nan_tiles += t;
+  return v;
+}
+
+PackedWeights::PackedWeights(const uint8_t* rows, int64_t n, int64_t row_bytes, int64_t padded_row_bytes,
+                             int elem_bytes, int tile_rows, const uint8_t* row_scales, int64_t scale_cols,
+                             bool nan_check) {
+  const int64_t tiles = (n + tile_rows - 1) / tile_rows;
+  const int64_t real_cols = row_bytes / elem_bytes;
+  view_.tile_rows = tile_rows;
+  view_.tile_bytes = padded_row_bytes * tile_rows;
+  tiles_.reset(allocate(tiles * view_.tile_bytes));
+  view_.tiles = tiles_.get();
+  if (row_scales != nullptr) {
+    view_.scale_tile_bytes = scale_cols * tile_rows;
+    scales_.reset(allocate(tiles * view_.scale_tile_bytes));
+    view_.scales = scales_.get();
+  }
+  if (nan_check) {
+    nan_tiles_.reset(allocate(tiles));
+    view_.nan_tiles = nan_tiles_.get();
+  }
+  uint8_t* out = tiles_.get();
+  uint8_t* scales = scales_.get();
+  uint8_t* nan = nan_tiles_.get();
+  // Tiles are independent; each reads its rows column by column and writes its block in order.
+  parallel_for(tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r0 = t * tile_rows, count = std::min<int64_t>(tile_rows, n - r0);
+      uint8_t* tile = out + t * view_.tile_bytes;
+      if (elem_bytes == 1) {
+        transpose_tile<uint8_t>(rows + r0 * row_bytes, count, row_bytes, real_cols, tile_rows, tile);
+      } else {
+        transpose_tile<uint16_t>(rows + r0 * row_bytes, count, row_bytes, real_cols, tile_rows, tile);
+      }
+      if (scales != nullptr) {
+        uint8_t* s = scales + t * view_.scale_tile_bytes;
+        for (int64_t b = 0; b < scale_cols; ++b) {
+          for (int64_t r = 0; r < tile_rows; ++r) {
+            s[b * tile_rows + r] = r < count ? row_scales[(r0 + r) * scale_cols + b] : uint8_t{127};
+          }
+        }
+      }
+      if (nan != nullptr) {
+        bool any = false;
+        for (int64_t r = 0; r < count && !any; ++r) {
+          const uint8_t* row = rows + (r0 + r) * row_bytes;
+          for (int64_t c = 0; c < row_bytes; ++c) any |= (row[c] & 0x7F) == 0x7F;
+        }
+        nan[t] = any ? 1 : 0;
+      }
+    }
+  });
+}
+
+PackedView PackedWeights::view() const { return view_; }
+
+int packed_tile_rows() {
+  switch (active_isa()) {
+    case Isa::avx512:
+      return 32;
+    case Isa::avx2:
+      return 16;
+    case Isa::scalar:
+      break;
+  }
+  return 0;
+}
+
+namespace {
+int64_t padded(int64_t k) { return (k + kKBlock - 1) / kKBlock * kKBlock; }
+}  // namespace
+
+std::unique_ptr<PackedWeights> pack_fp8(const Fp8Matrix& w, int tile_rows) {
+  return std::make_unique<PackedWeights>(w.w, w.n, w.k, padded(w.k), 1, tile_rows, nullptr, 0, true);
+}
+
+std::unique_ptr<PackedWeights> pack_fp4(const Fp4Matrix& w, int tile_rows) {
+  // one column = one byte = two consecutive k (low nibble first), as in the checkpoint
+  return std::make_unique<PackedWeights>(w.w, w.n, w.k / 2, padded(w.k) / 2, 1, tile_rows, w.scale, w.k / kKBlock,
+                                         false);
+}
+
+std::unique_ptr<PackedWeights> pack_bf16(const Bf16Matrix& w, int tile_rows) {
+  return std::make_unique<PackedWeights>(reinterpret_cast<const uint8_t*>(w.w), w.n, w.k * 2, padded(w.k) * 2, 2,
+                                         tile_rows, nullptr, 0, false);
+}
+
+}  // namespace dsv41

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "kernels/engram_rows.h"
 #include "kernels/kernels.h"
 #include "numeric/formats.h"
 #include "util/error.h"
@@ -70,12 +71,7 @@ void engram_forward(const ModelConfig& c, const EngramWeights& w, const uint8_t*
   const int64_t d = c.dim, hc = c.hc_mult, hd = c.engram_head_dim, cols = c.engram_hash_columns();
   // dequantize the gathered rows: fp8 · 2^(e8m0 − 127) per 32 channels, to bf16
   std::vector<float> rows(static_cast<size_t>(s * cols * hd));
-  for (int64_t i = 0; i < s * cols; ++i) {
-    for (int64_t j = 0; j < hd; ++j) {
-      const float scale = e8m0_to_f32(scales[i * (hd / 32) + j / 32]);
-      rows[i * hd + j] = round_bf16(e4m3_to_f32(codes[i * hd + j]) * scale);
-    }
-  }
+  dequantize_engram_rows(codes, scales, s * cols, hd, rows.data());
   std::vector<float> kv(static_cast<size_t>(s * (hc + 1) * d));
   linear_fp8(rows.data(), s, w.wkv, kv.data());
   const float eps = static_cast<float>(c.norm_eps);

@@ -1,63 +1,66 @@
 #include "model/mhc.h"
 
-#include <cmath>
-
-#include "kernels/kernels.h"
-#include "numeric/formats.h"
+#include "kernels/mhc_step.h"
+#include "util/error.h"
 
 namespace dsv41 {
 
+namespace {
+
+HcShape shape(const ModelConfig& c) {
+  HcShape s;
+  s.hc = c.hc_mult;
+  s.dim = c.dim;
+  s.norm_eps = static_cast<float>(c.norm_eps);
+  s.sinkhorn_iters = c.hc_sinkhorn_iters;
+  s.hc_eps = static_cast<float>(c.hc_eps);
+  return s;
+}
+
+HcMixWeights mix_weights(const HcShape& s, const std::vector<float>& fn, const std::vector<float>& scale,
+                         const std::vector<float>& base) {
+  if (static_cast<int64_t>(fn.size()) != s.mix_count() * s.width() || scale.size() != 3 ||
+      static_cast<int64_t>(base.size()) != s.mix_count()) {
+    fail("hc mixes", "fn, scale or base has the wrong size for hc_mult and dim");
+  }
+  return {fn.data(), scale.data(), base.data()};
+}
+
+Mixes sized(const HcShape& s, int64_t count) {
+  Mixes m;
+  m.pre.resize(static_cast<size_t>(count * s.hc));
+  m.post.resize(static_cast<size_t>(count * s.hc));
+  m.comb.resize(static_cast<size_t>(count * s.hc * s.hc));
+  return m;
+}
+
+HcCoefficientsOut outputs(Mixes& m) { return {m.pre.data(), m.post.data(), m.comb.data()}; }
+
+}  // namespace
+
 Mixes hc_mixes(const ModelConfig& c, const float* X, int64_t count, const std::vector<float>& fn,
                const std::vector<float>& scale, const std::vector<float>& base) {
-  const int64_t hc = c.hc_mult, n = hc * c.dim, mix = (2 + hc) * hc;
-  Mixes m;
-  m.pre.resize(static_cast<size_t>(count * hc));
-  m.post.resize(static_cast<size_t>(count * hc));
-  m.comb.resize(static_cast<size_t>(count * hc * hc));
-  std::vector<float> mixes(static_cast<size_t>(mix));
-  for (int64_t i = 0; i < count; ++i) {
-    const float* x = X + i * n;
-    float sq = 0;
-    for (int64_t j = 0; j < n; ++j) sq += x[j] * x[j];
-    const float rsqrt = 1.0f / std::sqrt(sq / static_cast<float>(n) + static_cast<float>(c.norm_eps));
-    for (int64_t o = 0; o < mix; ++o) {
-      const float* f = &fn[o * n];
-      float acc = 0;
-      for (int64_t j = 0; j < n; ++j) acc += x[j] * f[j];
-      mixes[o] = acc * rsqrt;
-    }
-    hc_split_sinkhorn(mixes.data(), scale.data(), base.data(), c.hc_mult, c.hc_sinkhorn_iters,
-                      static_cast<float>(c.hc_eps), &m.pre[i * hc], &m.post[i * hc], &m.comb[i * hc * hc]);
-  }
+  const HcShape s = shape(c);
+  Mixes m = sized(s, count);
+  mhc_mixes(s, X, count, mix_weights(s, fn, scale, base), outputs(m));
   return m;
 }
 
 void hc_pre(const ModelConfig& c, const float* X, const float* pre, int64_t count, float* y) {
-  const int64_t hc = c.hc_mult, d = c.dim;
-  for (int64_t i = 0; i < count; ++i) {
-    for (int64_t j = 0; j < d; ++j) {
-      float acc = 0;
-      for (int64_t cp = 0; cp < hc; ++cp) acc += pre[i * hc + cp] * X[(i * hc + cp) * d + j];
-      y[i * d + j] = round_bf16(acc);
-    }
-  }
+  mhc_collapse(shape(c), X, pre, count, y);
 }
 
 void hc_post(const ModelConfig& c, float* X, const float* y, const Mixes& m, int64_t count) {
-  const int64_t hc = c.hc_mult, d = c.dim;
-  std::vector<float> out(static_cast<size_t>(hc * d));
-  for (int64_t i = 0; i < count; ++i) {
-    const float* comb = &m.comb[i * hc * hc];
-    float* x = X + i * hc * d;
-    for (int64_t k = 0; k < hc; ++k) {
-      for (int64_t j = 0; j < d; ++j) {
-        float acc = 0;
-        for (int64_t src = 0; src < hc; ++src) acc += comb[src * hc + k] * x[src * d + j];
-        out[k * d + j] = round_bf16(m.post[i * hc + k] * y[i * d + j] + acc);
-      }
-    }
-    std::copy(out.begin(), out.end(), x);
-  }
+  mhc_expand(shape(c), X, y, m.post.data(), m.comb.data(), count);
+}
+
+Mixes hc_step(const ModelConfig& c, float* X, const float* y, const Mixes& prev, const std::vector<float>& fn,
+              const std::vector<float>& scale, const std::vector<float>& base, int64_t count, float* u) {
+  const HcShape s = shape(c);
+  Mixes m = sized(s, count);
+  mhc_step(s, X, y, {prev.pre.data(), prev.post.data(), prev.comb.data()}, mix_weights(s, fn, scale, base), count,
+           outputs(m), u);
+  return m;
 }
 
 }  // namespace dsv41

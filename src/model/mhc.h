@@ -1,6 +1,7 @@
 // The mHC residual stream (model-spec §3.2): hc_mult copies of the hidden state, mixed around every
 // sublayer by coefficients computed from the stream itself (Sinkhorn-normalised `comb`), with the
-// V4.1 single-pass handoff of `pre` from one sublayer to the next.
+// V4.1 single-pass handoff of `pre` from one sublayer to the next. The arithmetic is in
+// kernels/mhc_step.h (scalar references and the fast versions, which give the same bits).
 #pragma once
 
 #include <cstdint>
@@ -22,5 +23,10 @@ Mixes hc_mixes(const ModelConfig& c, const float* X, int64_t count, const std::v
 void hc_pre(const ModelConfig& c, const float* X, const float* pre, int64_t count, float* y);
 // Expand a sublayer output back: X'[k] = post[k]·y + Σ_j comb[j][k]·X[j], rounded to bf16.
 void hc_post(const ModelConfig& c, float* X, const float* y, const Mixes& m, int64_t count);
+// The step from one sublayer to the next, in one pass over the stream: hc_post(X, y, prev), then the
+// next sublayer's mixes of the new X (returned), then hc_pre of the new X with prev.pre into u (the
+// next sublayer's input). Same bits as those three calls.
+Mixes hc_step(const ModelConfig& c, float* X, const float* y, const Mixes& prev, const std::vector<float>& fn,
+              const std::vector<float>& scale, const std::vector<float>& base, int64_t count, float* u);
 
 }  // namespace dsv41

@@ -1,0 +1,116 @@
+// AVX-512 (F/BW/VL/DQ) mHC kernels: the mixes' 24 dot products and sum of squares of a token in two
+// zmm accumulators, four tokens interleaved; expand and collapse 16 values at a time. The structure
+// is in mhc_step_simd_impl.h; this file holds the vector operations.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/kernels.h"
+#include "kernels/mhc_step.h"
+#include "kernels/thread_pool.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+// Compiled for AVX-512 while the rest of the project stays baseline x86-64; it only runs after
+// cpu_features() said so. No fusing of a multiply into a following add: the reference rounds every
+// product before adding it.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), \
+                             apply_to = function)
+#pragma clang fp contract(off)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#pragma GCC optimize("fp-contract=off")
+// GCC 12's AVX-512 intrinsics start some results from a deliberately undefined vector (`__Y = __Y`),
+// which -O3 then reports as maybe-uninitialized inside the intrinsic headers.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace dsv41::detail::mhc_avx512 {
+
+struct V {
+  using F = __m512;
+  static constexpr int W = 16;
+  static constexpr int kTokens = 4;  // 4 tokens × 2 accumulator chains hide the add latency
+  static F zero() { return _mm512_setzero_ps(); }
+  static F set1(float v) { return _mm512_set1_ps(v); }
+  static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  static __mmask16 first(int64_t count) { return static_cast<__mmask16>((1u << count) - 1u); }
+  static F load_first(const float* p, int64_t count) { return _mm512_maskz_loadu_ps(first(count), p); }
+  static void store_first(float* p, F v, int64_t count) { _mm512_mask_storeu_ps(p, first(count), v); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  template <int L>
+  static F blend_lane(F f, F x) {
+    return _mm512_mask_blend_ps(static_cast<__mmask16>(1u << L), f, x);
+  }
+  // round_bf16 lane by lane, as bf16_from_f32: nearest even, NaN kept quiet.
+  static F round_bf16(F x) {
+    const __m512i bits = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)), lsb);
+    const __m512i quiet = _mm512_or_si512(bits, _mm512_set1_epi32(0x00400000));
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    const __m512i r = _mm512_mask_blend_epi32(nan, rounded, quiet);
+    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
+};
+
+#include "kernels/mhc_step_simd_impl.h"
+
+}  // namespace dsv41::detail::mhc_avx512
+
+namespace dsv41::detail {
+
+void mhc_mixes_avx512(const HcShape& s, const float* X, int64_t count, const HcMixWeights& w, HcCoefficientsOut out) {
+  if (s.hc != mhc_avx512::kHc) return mhc_mixes_scalar(s, X, count, w, out);
+  mhc_avx512::mixes(s, X, count, w, out);
+}
+void mhc_collapse_avx512(const HcShape& s, const float* X, const float* pre, int64_t count, float* u) {
+  if (s.hc != mhc_avx512::kHc) return mhc_collapse_scalar(s, X, pre, count, u);
+  mhc_avx512::collapse(s, X, pre, count, u);
+}
+void mhc_expand_avx512(const HcShape& s, float* X, const float* y, const float* post, const float* comb,
+                       int64_t count) {
+  if (s.hc != mhc_avx512::kHc) return mhc_expand_scalar(s, X, y, post, comb, count);
+  mhc_avx512::expand(s, X, y, post, comb, count);
+}
+void mhc_step_avx512(const HcShape& s, float* X, const float* y, const HcCoefficients& prev,
+                     const HcMixWeights& next, int64_t count, HcCoefficientsOut out, float* u) {
+  if (s.hc != mhc_avx512::kHc) return mhc_step_scalar(s, X, y, prev, next, count, out, u);
+  mhc_avx512::step(s, X, y, prev, next, count, out, u);
+}
+
+}  // namespace dsv41::detail
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+
+#else  // not x86: the references stand in
+
+namespace dsv41::detail {
+void mhc_mixes_avx512(const HcShape& s, const float* X, int64_t count, const HcMixWeights& w, HcCoefficientsOut out) {
+  mhc_mixes_scalar(s, X, count, w, out);
+}
+void mhc_collapse_avx512(const HcShape& s, const float* X, const float* pre, int64_t count, float* u) {
+  mhc_collapse_scalar(s, X, pre, count, u);
+}
+void mhc_expand_avx512(const HcShape& s, float* X, const float* y, const float* post, const float* comb,
+                       int64_t count) {
+  mhc_expand_scalar(s, X, y, post, comb, count);
+}
+void mhc_step_avx512(const HcShape& s, float* X, const float* y, const HcCoefficients& prev,
+                     const HcMixWeights& next, int64_t count, HcCoefficientsOut out, float* u) {
+  mhc_step_scalar(s, X, y, prev, next, count, out, u);
+}
+}  // namespace dsv41::detail
+
+#endif

@@ -21,10 +21,15 @@
 #include <vector>
 
 #include "kernels/cpu_features.h"
+#include "kernels/engram_rows.h"
+#include "kernels/index_score.h"
 #include "kernels/kernels.h"
 #include "kernels/linear_internal.h"
+#include "kernels/mhc_step.h"
+#include "kernels/packed_weights.h"
 #include "kernels/thread_pool.h"
 #include "numeric/formats.h"
+#include "numeric/quant.h"
 
 namespace {
 
@@ -79,6 +84,22 @@ struct Copies {
   const uint8_t* get(size_t iteration) const { return data[iteration % data.size()].get(); }
 };
 
+// Packed copies (packed_weights.h) of the same matrix for the active level, as many as Copies makes;
+// empty unless `packed`.
+template <class Matrix, class Pack>
+std::vector<std::unique_ptr<PackedWeights>> packed_copies(const Copies& w, Matrix m, bool packed, Pack pack) {
+  std::vector<std::unique_ptr<PackedWeights>> out;
+  if (!packed || packed_tile_rows() == 0) return out;
+  for (size_t c = 0; c < w.data.size(); ++c) out.push_back(pack(m, packed_tile_rows()));
+  return out;
+}
+
+template <class Matrix>
+Matrix with_copy(Matrix m, const std::vector<std::unique_ptr<PackedWeights>>& packed, size_t iteration) {
+  if (!packed.empty()) m.packed = packed[iteration % packed.size()]->view();
+  return m;
+}
+
 // ---- streaming-read reference -------------------------------------------------------------------
 
 // Sums a 1 GiB buffer as uint64 words split over the pool: the bandwidth a weight stream can expect.
@@ -128,9 +149,11 @@ void Fp8Gemv(benchmark::State& state) {
   for (auto& c : scales) c = static_cast<uint8_t>(120 + rng() % 8);
   const std::vector<float> x = activations(1, k);
   std::vector<float> y(static_cast<size_t>(n));
+  const auto packed = packed_copies(w, Fp8Matrix{w.get(0), scales.data(), n, k}, state.range(4) != 0, pack_fp8);
   size_t it = 0;
   for (auto _ : state) {
-    linear_fp8(x.data(), 1, Fp8Matrix{w.get(it++), scales.data(), n, k}, y.data());
+    const size_t i = it++;
+    linear_fp8(x.data(), 1, with_copy(Fp8Matrix{w.get(i), scales.data(), n, k}, packed, i), y.data());
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(w.bytes + scales.size()));
@@ -145,9 +168,11 @@ void Fp4Gemv(benchmark::State& state) {
   for (auto& c : scales) c = static_cast<uint8_t>(120 + rng() % 8);
   const std::vector<float> x = activations(1, k);
   std::vector<float> y(static_cast<size_t>(n));
+  const auto packed = packed_copies(w, Fp4Matrix{w.get(0), scales.data(), n, k}, state.range(4) != 0, pack_fp4);
   size_t it = 0;
   for (auto _ : state) {
-    linear_fp4(x.data(), 1, Fp4Matrix{w.get(it++), scales.data(), n, k}, y.data());
+    const size_t i = it++;
+    linear_fp4(x.data(), 1, with_copy(Fp4Matrix{w.get(i), scales.data(), n, k}, packed, i), y.data());
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(w.bytes + scales.size()));
@@ -169,8 +194,11 @@ void Bf16Gemv(benchmark::State& state) {
   std::vector<float> y(static_cast<size_t>(n));
   size_t it = 0;
   const bool bf16 = state.range(4) != 0;
+  const auto packed =
+      packed_copies(w, Bf16Matrix{reinterpret_cast<const uint16_t*>(w.get(0)), n, k}, state.range(5) != 0, pack_bf16);
   for (auto _ : state) {
-    const Bf16Matrix mat{reinterpret_cast<const uint16_t*>(w.get(it++)), n, k};
+    const size_t i = it++;
+    const Bf16Matrix mat = with_copy(Bf16Matrix{reinterpret_cast<const uint16_t*>(w.get(i)), n, k}, packed, i);
     if (bf16) {
       linear_bf16(x.data(), 1, mat, y.data());
     } else {
@@ -181,13 +209,14 @@ void Bf16Gemv(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(w.bytes));
 }
 
+// Arg 5 (packed): the weights in the checkpoint's row-major layout (0) or packed at load time (1).
 void GemvArgs(benchmark::internal::Benchmark* b, const std::vector<std::pair<int64_t, int64_t>>& shapes) {
-  b->ArgNames({"n", "k", "isa", "threads"});
+  b->ArgNames({"n", "k", "isa", "threads", "packed"});
   for (const auto& [n, k] : shapes) {
-    for (const int64_t isa : {0, 1, 2}) {
+    b->Args({n, k, 0, 1, 0});  // the scalar reference is single-threaded and reads rows
+    for (const int64_t isa : {1, 2}) {
       for (const int64_t threads : {1, 2}) {
-        if (isa == 0 && threads == 2) continue;  // the scalar reference is single-threaded
-        b->Args({n, k, isa, threads});
+        for (const int64_t packed : {0, 1}) b->Args({n, k, isa, threads, packed});
       }
     }
   }
@@ -199,13 +228,17 @@ BENCHMARK(Fp8Gemv)->Apply([](benchmark::internal::Benchmark* b) { GemvArgs(b, {{
 BENCHMARK(Fp4Gemv)->Apply([](benchmark::internal::Benchmark* b) { GemvArgs(b, {{2304, 5120}, {5120, 2304}}); });
 // Router 5120 -> 256 (f32) and a 5120 -> 16384 slice of the head (f32); compressor-like 5120 -> 512 (bf16).
 BENCHMARK(Bf16Gemv)
-    ->ArgNames({"n", "k", "isa", "threads", "bf16"})
-    ->Args({256, 5120, 2, 2, 0})
-    ->Args({16384, 5120, 0, 1, 0})
-    ->Args({16384, 5120, 1, 2, 0})
-    ->Args({16384, 5120, 2, 1, 0})
-    ->Args({16384, 5120, 2, 2, 0})
-    ->Args({512, 5120, 2, 2, 1})
+    ->ArgNames({"n", "k", "isa", "threads", "bf16", "packed"})
+    ->Args({256, 5120, 2, 2, 0, 1})
+    ->Args({16384, 5120, 0, 1, 0, 0})
+    ->Args({16384, 5120, 1, 2, 0, 0})
+    ->Args({16384, 5120, 1, 2, 0, 1})
+    ->Args({16384, 5120, 2, 1, 0, 0})
+    ->Args({16384, 5120, 2, 1, 0, 1})
+    ->Args({16384, 5120, 2, 2, 0, 0})
+    ->Args({16384, 5120, 2, 2, 0, 1})
+    ->Args({512, 5120, 2, 2, 1, 0})
+    ->Args({512, 5120, 2, 2, 1, 1})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
@@ -303,6 +336,146 @@ void SparseAttention(benchmark::State& state) {
                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(SparseAttention)->ArgName("isa")->Arg(0)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+
+// ---- indexer scores and Engram rows ----------------------------------------------------------------
+
+// Indexer scores at the released shape (32 heads × 128, FP4 keys with E8M0 scales) for `nq` queries
+// against `keys` packed key rows, each row in its own place as paged rows are; reports keys/s
+// (query-key pairs scored per second). Args: ISA level, queries, keys, threads.
+void IndexScores(benchmark::State& state) {
+  if (!setup(state, state.range(0), state.range(3))) return;
+  const int64_t nq = state.range(1), n_keys = state.range(2), nh = 32, K = 128;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::uniform_int_distribution<int> byte(0, 255), scale(118, 130);
+  const int64_t row_bytes = K / 2 + K / 32, stride = 128;  // rows apart, as pages of rows would leave them
+  std::vector<uint8_t> rows(static_cast<size_t>(n_keys * stride));
+  std::vector<const uint8_t*> keys(static_cast<size_t>(n_keys));
+  for (int64_t t = 0; t < n_keys; ++t) {
+    uint8_t* row = rows.data() + t * stride;
+    for (int64_t b = 0; b < row_bytes; ++b) row[b] = static_cast<uint8_t>(b < K / 2 ? byte(rng) : scale(rng));
+    keys[t] = row;
+  }
+  std::vector<float> q(static_cast<size_t>(nq * nh * K)), w(static_cast<size_t>(nq * nh));
+  for (auto& v : q) v = dist(rng);
+  fp4_qdq_e8m0(q.data(), q.size());
+  for (auto& v : w) v = round_bf16(dist(rng) * 0.1f);
+  std::vector<int64_t> visible(static_cast<size_t>(nq), n_keys);
+  std::vector<float> scores(static_cast<size_t>(nq * n_keys));
+  for (auto _ : state) {
+    index_scores(q.data(), w.data(), nq, nh, K, keys.data(), n_keys, visible.data(), scores.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["keys/s"] =
+      benchmark::Counter(static_cast<double>(nq * n_keys), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(IndexScores)
+    ->ArgNames({"isa", "queries", "keys", "threads"})
+    ->Args({0, 1, 8192, 1})
+    ->Args({1, 1, 8192, 1})
+    ->Args({2, 1, 8192, 1})
+    ->Args({1, 1, 8192, 2})
+    ->Args({2, 1, 8192, 2})
+    ->Args({0, 64, 2048, 1})
+    ->Args({1, 64, 2048, 1})
+    ->Args({2, 64, 2048, 1})
+    ->Args({1, 64, 2048, 2})
+    ->Args({2, 64, 2048, 2})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// Engram row dequantization at the released row width (256 FP8 codes + 8 E8M0 scales): 24 rows are
+// one decode step's lookup (3 n-gram orders × 8 heads), 24 × 512 a 512-token prefill's. Reports the
+// packed bytes read per second. Args: ISA level, rows, threads.
+void EngramDequantize(benchmark::State& state) {
+  if (!setup(state, state.range(0), state.range(2))) return;
+  const int64_t n = state.range(1), row_len = 256;
+  std::mt19937 rng(6);
+  std::uniform_int_distribution<int> byte(0, 255), scale(110, 135);
+  std::vector<uint8_t> codes(static_cast<size_t>(n * row_len)), scales(static_cast<size_t>(n * row_len / 32));
+  for (auto& c : codes) c = static_cast<uint8_t>(byte(rng));
+  for (auto& c : scales) c = static_cast<uint8_t>(scale(rng));
+  std::vector<float> out(codes.size());
+  for (auto _ : state) {
+    dequantize_engram_rows(codes.data(), scales.data(), n, row_len, out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
+                          static_cast<int64_t>(codes.size() + scales.size()));
+}
+BENCHMARK(EngramDequantize)
+    ->ArgNames({"isa", "rows", "threads"})
+    ->Args({0, 24, 1})
+    ->Args({1, 24, 1})
+    ->Args({2, 24, 1})
+    ->Args({0, 24 * 512, 1})
+    ->Args({1, 24 * 512, 1})
+    ->Args({2, 24 * 512, 1})
+    ->Args({2, 24 * 512, 2})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+// ---- mHC step -------------------------------------------------------------------------------------
+
+namespace {
+
+// The step between two sublayers at the released width (hc 4, dim 5120) for `tokens` tokens: expand
+// the sublayer output into the stream, the next sublayer's 24 mixes and Sinkhorn, the collapse into
+// its input. isa 0 is the unfused scalar sequence the model ran before the fused kernel; 1 and 2
+// the fused AVX2 and AVX-512 versions. Bytes: the stream read and written, y read, u written, fn read
+// once per call. Each call reads a different copy of fn (64 copies, 128 MiB), as a forward pass reads
+// each sublayer's fn once: one hot copy would time the cache instead.
+void MhcStep(benchmark::State& state) {
+  const int64_t tokens = state.range(0);
+  if (!setup(state, state.range(1), 0)) return;
+  HcShape s;
+  s.hc = 4;
+  s.dim = 5120;
+  s.norm_eps = 1e-6f;
+  const int64_t n = s.width(), mix = s.mix_count();
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> X(static_cast<size_t>(tokens * n)), y(static_cast<size_t>(tokens * s.dim)),
+      u(y.size()), fn(static_cast<size_t>(mix * n)), base(static_cast<size_t>(mix)), scale{0.5f, 0.7f, 1.3f};
+  for (auto& v : X) v = round_bf16(dist(rng));
+  for (auto& v : y) v = round_bf16(dist(rng) * 0.01f);
+  for (auto& v : fn) v = dist(rng) * 0.02f;
+  for (auto& v : base) v = dist(rng) * 0.1f;
+  // the previous sublayer's coefficients: a real Sinkhorn output, so the stream stays bounded
+  std::vector<float> pre(static_cast<size_t>(tokens * 4)), post(pre.size()), comb(static_cast<size_t>(tokens * 16));
+  std::vector<float> mixes(static_cast<size_t>(mix));
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (auto& v : mixes) v = dist(rng);
+    hc_split_sinkhorn(mixes.data(), scale.data(), base.data(), 4, 20, 1e-6f, &pre[t * 4], &post[t * 4], &comb[t * 16]);
+  }
+  const int64_t copies = 64;
+  std::vector<float> fn_copies(static_cast<size_t>(copies) * fn.size());
+  for (int64_t i = 0; i < copies; ++i) std::copy(fn.begin(), fn.end(), fn_copies.begin() + i * mix * n);
+  std::vector<float> next_pre(pre.size()), next_post(pre.size()), next_comb(comb.size());
+  const HcCoefficients prev{pre.data(), post.data(), comb.data()};
+  const HcCoefficientsOut out{next_pre.data(), next_post.data(), next_comb.data()};
+  int64_t call = 0;
+  for (auto _ : state) {
+    const HcMixWeights w{&fn_copies[static_cast<size_t>(call++ % copies * mix * n)], scale.data(), base.data()};
+    if (state.range(1) == 0) {
+      detail::mhc_step_scalar(s, X.data(), y.data(), prev, w, tokens, out, u.data());
+    } else {
+      mhc_step(s, X.data(), y.data(), prev, w, tokens, out, u.data());
+    }
+    benchmark::ClobberMemory();
+  }
+  const int64_t bytes = tokens * (2 * n + 2 * s.dim) * 4 + mix * n * 4;
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * bytes);
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * tokens);  // tokens/s
+}
+BENCHMARK(MhcStep)
+    ->ArgNames({"tokens", "isa"})
+    ->ArgsProduct({{1, 16, 128}, {0, 1, 2}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

@@ -285,3 +285,70 @@ TEST(ModelBatch, DecodeBatchEqualsDecodingEachSequence) {
 
 }  // namespace
 }  // namespace dsv41
+
+namespace dsv41 {
+namespace {
+
+// Everything a decode step may change in a sequence's state, for comparing two copies of it.
+void expect_same_state(const SequenceState& a, const SequenceState& b, const std::string& what) {
+  EXPECT_EQ(a.length, b.length) << what;
+  EXPECT_EQ(a.window, b.window) << what;
+  EXPECT_EQ(a.window_from, b.window_from) << what;
+  EXPECT_EQ(a.engram_recent, b.engram_recent) << what;
+  EXPECT_EQ(a.last_index_keys_layer, b.last_index_keys_layer) << what;
+  ASSERT_EQ(a.sources.size(), b.sources.size()) << what;
+  for (size_t layer = 0; layer < a.sources.size(); ++layer) {
+    if (!a.sources[layer]) continue;
+    const KvSourceState& x = *a.sources[layer];
+    const KvSourceState& y = *b.sources[layer];
+    EXPECT_EQ(all_rows(x.compressed), all_rows(y.compressed)) << what << " layer " << layer;
+    EXPECT_EQ(all_rows(x.index_keys), all_rows(y.index_keys)) << what << " layer " << layer;
+    EXPECT_EQ(x.tail_kv, y.tail_kv) << what << " layer " << layer;
+    EXPECT_EQ(x.tail_score, y.tail_score) << what << " layer " << layer;
+  }
+}
+
+// Sequences at different points of their life decode together exactly as each does alone: one whose
+// window is not full and whose sources have next to nothing compressed, ones on either side of a
+// ratio-2 compression boundary, one whose indexers have more keys than they keep and a candidate
+// pool to restrict to, and one prefilled in tail mode (late layers' windows start late); in both
+// index-key modes, since the reference mode reads keys across layers.
+TEST(ModelBatch, DecodeBatchIsExactAcrossLengthsRolesAndKeyModes) {
+  const Model& m = tiny();
+  StatePools& pools = test::pools_for(m);
+  struct Start {
+    int length;
+    PrefillMode mode;
+  };
+  const std::vector<Start> starts = {{1, PrefillMode::Exact}, {6, PrefillMode::Exact}, {9, PrefillMode::Exact},
+                                     {45, PrefillMode::Exact}, {38, PrefillMode::Tail}};
+  for (IndexKeysMode keys : {IndexKeysMode::Owner, IndexKeysMode::Reference}) {
+    std::vector<std::unique_ptr<Session>> together, alone;
+    for (size_t i = 0; i < starts.size(); ++i) {
+      SessionOptions opt;
+      opt.prefill_mode = starts[i].mode;
+      opt.index_keys = keys;
+      const std::vector<int32_t> prompt = random_ids(starts[i].length, 70 + static_cast<uint32_t>(i), 1024);
+      together.push_back(std::make_unique<Session>(m, pools, opt));
+      alone.push_back(std::make_unique<Session>(m, pools, opt));
+      together.back()->prefill(prompt);
+      alone.back()->prefill(prompt);
+    }
+    std::vector<Session*> batch;
+    for (auto& s : together) batch.push_back(s.get());
+    for (int step = 0; step < 5; ++step) {
+      std::vector<int32_t> tokens;
+      for (size_t i = 0; i < starts.size(); ++i) tokens.push_back(static_cast<int32_t>((131 * i + 17 * step) % 1024));
+      const std::vector<std::vector<float>> logits = Session::decode_batch(batch, tokens);
+      for (size_t i = 0; i < starts.size(); ++i) {
+        const std::string what = "mode " + std::to_string(static_cast<int>(keys)) + " sequence " + std::to_string(i) +
+                                 " step " + std::to_string(step);
+        EXPECT_EQ(logits[i], alone[i]->decode(tokens[i])) << what;
+        expect_same_state(together[i]->state(), alone[i]->state(), what);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dsv41

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/index_score.h"
 #include "numeric/formats.h"
 #include "numeric/quant.h"
 #include "state/row_formats.h"
@@ -19,25 +20,70 @@ void rms_rows(float* x, int64_t rows, int64_t n, const Bf16Tensor& w, float eps)
   for (int64_t i = 0; i < rows; ++i) rms_norm(x + i * n, n, w.bits.data(), eps, x + i * n, true);
 }
 
-// The compressor of a KV source (model-spec §3.3 step 3): pools `ratio` consecutive tokens into one
-// latent row. Returns the latents of the groups this call completes (before RoPE) and their group
-// indices; an incomplete group waits in the state's tail.
-std::vector<float> compress(const ModelConfig& c, const LayerRole& r, const AttentionWeights& w, const float* x,
-                            ForwardContext& ctx, KvSourceState& src, int64_t& first_group, int64_t& groups) {
-  const int64_t D = c.head_dim, d = c.dim, s = ctx.count, ratio = r.compress_ratio;
+bool runs_compressor(const LayerRole& r, bool replay) { return r.compress_ratio > 0 && r.kv_source && !replay; }
+bool runs_indexer(const LayerRole& r) { return r.compress_ratio > 0 && r.index_source; }
+
+// Query heads through the q-LoRA; the normed low-rank rows are kept for the indexer's queries.
+void project_queries(const ModelConfig& c, const AttentionWeights& w, const float* x, AttentionProjection& p) {
+  const int64_t m = p.count, Q = c.q_lora_rank;
+  p.qr.resize(static_cast<size_t>(m * Q));
+  p.q.resize(static_cast<size_t>(m * c.n_heads * c.head_dim));
+  linear_fp8(x, m, w.wq_a, p.qr.data());
+  rms_rows(p.qr.data(), m, Q, w.q_norm, static_cast<float>(c.norm_eps));
+  linear_fp8(p.qr.data(), m, w.wq_b, p.q.data());
+}
+
+// This layer's window KV: one row per token.
+void project_window_kv(const ModelConfig& c, const AttentionWeights& w, const float* x, AttentionProjection& p) {
+  const int64_t m = p.count, D = c.head_dim;
+  p.kv.resize(static_cast<size_t>(m * D));
+  linear_fp8(x, m, w.wkv, p.kv.data());
+  rms_rows(p.kv.data(), m, D, w.kv_norm, static_cast<float>(c.norm_eps));
+}
+
+// The compressor's projections of each token (model-spec §3.3 step 3): ratio 1 is a plain bf16
+// projection; ratio > 1 projects in fp32, with the gate scores its pooling needs.
+void project_compressor_rows(const ModelConfig& c, const LayerRole& r, const AttentionWeights& w, const float* x,
+                             AttentionProjection& p) {
+  const int64_t m = p.count, D = c.head_dim;
+  p.compressor_kv.resize(static_cast<size_t>(m * D));
+  if (r.compress_ratio == 1) {
+    linear_bf16(x, m, w.comp_wkv.view(), p.compressor_kv.data());
+    return;
+  }
+  p.compressor_score.resize(static_cast<size_t>(m * D));
+  linear_f32(x, m, w.comp_wkv.view(), p.compressor_kv.data());
+  linear_f32(x, m, w.comp_wgate.view(), p.compressor_score.data());
+}
+
+// The indexer's query heads (from the q-LoRA rows) and per-head weights (model-spec §3.3 step 4).
+void project_indexer_rows(const ModelConfig& c, const AttentionWeights& w, const float* x, AttentionProjection& p) {
+  const int64_t m = p.count, nh = c.index_n_heads;
+  p.index_q.resize(static_cast<size_t>(m * nh * c.index_head_dim));
+  p.index_weights.resize(static_cast<size_t>(m * nh));
+  linear_fp8(p.qr.data(), m, w.idx_wq_b, p.index_q.data());
+  linear_bf16(x, m, w.idx_weights_proj.view(), p.index_weights.data());
+}
+
+// The compressor of a KV source (model-spec §3.3 step 3): pools `ratio` consecutive tokens' projected
+// rows into one latent row. Returns the latents of the groups this call completes (before RoPE) and
+// their group indices; an incomplete group waits in the state's tail.
+std::vector<float> compress(const ModelConfig& c, const LayerRole& r, const AttentionWeights& w,
+                            const SequenceRows& rows, ForwardContext& ctx, KvSourceState& src, int64_t& first_group,
+                            int64_t& groups) {
+  const int64_t D = c.head_dim, s = ctx.count, ratio = r.compress_ratio;
   first_group = ctx.start / ratio;
   groups = (ctx.start + s) / ratio - first_group;
   std::vector<float> latent(static_cast<size_t>(groups * D));
-  if (ratio == 1) {  // one token per group: a plain bf16 projection, no gate, no fp32
-    linear_bf16(x, s, w.comp_wkv.view(), latent.data());
+  if (ratio == 1) {  // one token per group: its projected row is the latent
+    std::copy_n(rows.compressor_kv, s * D, latent.data());
   } else {
-    // ratio > 1 runs in fp32 with a softmax gate over the group's tokens, per channel
-    std::vector<float> kv(static_cast<size_t>(s * D)), score(static_cast<size_t>(s * D));
-    linear_f32(x, s, w.comp_wkv.view(), kv.data());
-    linear_f32(x, s, w.comp_wgate.view(), score.data());
+    // ratio > 1 pools in fp32 with a softmax gate over the group's tokens, per channel
+    const float* kv = rows.compressor_kv;
+    const float* score = rows.compressor_score;
     if (ctx.record_compressor_rows) {
-      ctx.compressor_kv[r.layer] = kv;
-      ctx.compressor_score[r.layer] = score;
+      ctx.compressor_kv[r.layer].assign(kv, kv + s * D);
+      ctx.compressor_score[r.layer].assign(score, score + s * D);
     }
     if (src.tail_kv.empty()) {
       src.tail_kv.assign(static_cast<size_t>(ratio * D), 0.0f);
@@ -61,7 +107,6 @@ std::vector<float> compress(const ModelConfig& c, const LayerRole& r, const Atte
         out[ch] = round_bf16(acc);
       }
     }
-    (void)d;
   }
   rms_rows(latent.data(), groups, D, w.comp_norm, static_cast<float>(c.norm_eps));
   return latent;
@@ -96,8 +141,9 @@ void publish_rows(const ModelConfig& c, const LayerRole& r, const RopeTable& rop
 
 // The indexer of an index source (model-spec §3.3 step 4): scores every visible compressed row with
 // fp4 query heads against the shared index keys, in bf16 as the reference does, and keeps the top-k.
-void run_indexer(const ModelConfig& c, const LayerRole& r, const AttentionWeights& w, const RopeTable& rope,
-                 const float* x, const float* qr, const PagedRows& keys, ForwardContext& ctx) {
+// Its query and head-weight rows come projected (project_attention).
+void run_indexer(const ModelConfig& c, const LayerRole& r, const RopeTable& rope, const SequenceRows& rows,
+                 const PagedRows& keys, ForwardContext& ctx) {
   const int64_t s = ctx.count, nh = c.index_n_heads, K = c.index_head_dim, rd = c.rope_head_dim;
   const int64_t ratio = r.compress_ratio, n_keys = (ctx.start + s) / ratio;
   auto& selected = ctx.topk[r.layer];
@@ -118,9 +164,9 @@ void run_indexer(const ModelConfig& c, const LayerRole& r, const AttentionWeight
   if (n_keys == 0) return;  // nothing compressed yet: an empty selection
   if (keys.size() < n_keys) fail("indexer", "index keys read before they were written");
 
-  std::vector<float> q(static_cast<size_t>(s * nh * K)), wts(static_cast<size_t>(s * nh));
-  linear_fp8(qr, s, w.idx_wq_b, q.data());
-  linear_bf16(x, s, w.idx_weights_proj.view(), wts.data());
+  // copies: RoPE and quantization below change them, and the scoring indexes them as vectors
+  std::vector<float> q(rows.index_q, rows.index_q + s * nh * K);
+  std::vector<float> wts(rows.index_weights, rows.index_weights + s * nh);
   const float head_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(K)) / std::sqrt(static_cast<double>(nh)));
   for (int64_t i = 0; i < s; ++i) {
     for (int64_t h = 0; h < nh; ++h) rope.apply(&q[(i * nh + h) * K + K - rd], ctx.start + i, false);
@@ -132,32 +178,22 @@ void run_indexer(const ModelConfig& c, const LayerRole& r, const AttentionWeight
   // [queries × keys] matrix never exceeds kScoreBudget however long the context.
   constexpr int64_t kScoreBudget = int64_t{4} << 20;
   const int64_t block = std::clamp<int64_t>(kScoreBudget / (n_keys * 4), 1, s);
-  std::vector<float> scores(static_cast<size_t>(block * n_keys)), key(static_cast<size_t>(K));
+  std::vector<float> scores(static_cast<size_t>(block * n_keys));
   std::vector<float> score(static_cast<size_t>(n_keys));
+  // The kernel reads the packed rows in place, and each query's keys up to the ones it can see
+  // (a row is visible once its group is complete); the rest score -inf.
+  std::vector<const uint8_t*> key_rows(static_cast<size_t>(n_keys));
+  for (int64_t t = 0; t < n_keys; ++t) key_rows[t] = keys.row(t);
+  std::vector<int64_t> visible_keys(static_cast<size_t>(s));
+  for (int64_t i = 0; i < s; ++i) visible_keys[i] = (ctx.start + i + 1) / ratio;
   std::vector<uint8_t> in_pool;
   const int64_t bs = c.candidate_block_size;
   for (int64_t i = 0; i < s; ++i) {
-    const int64_t visible = (ctx.start + i + 1) / ratio;  // a row is visible once its group is complete
+    const int64_t visible = visible_keys[i];
     if (i % block == 0) {
       const int64_t q0 = i, q1 = std::min(s, i + block);
-      for (int64_t t = 0; t < n_keys; ++t) {
-        unpack_index_key_row(keys.row(t), K, key.data());
-        for (int64_t qi = q0; qi < q1; ++qi) {
-          if (t >= (ctx.start + qi + 1) / ratio) {
-            scores[(qi - q0) * n_keys + t] = kNegInf;
-            continue;
-          }
-          float sum = 0;  // bf16 ops, fp32 accumulation: dot -> bf16, relu, × weight -> bf16, head sum -> bf16
-          for (int64_t h = 0; h < nh; ++h) {
-            const float* qh = &q[(qi * nh + h) * K];
-            float dot = 0;
-            for (int64_t e = 0; e < K; ++e) dot += qh[e] * key[e];
-            dot = std::max(round_bf16(dot), 0.0f);
-            sum += round_bf16(dot * wts[qi * nh + h]);
-          }
-          scores[(qi - q0) * n_keys + t] = round_bf16(sum);
-        }
-      }
+      index_scores(&q[q0 * nh * K], &wts[q0 * nh], q1 - q0, nh, K, key_rows.data(), n_keys, &visible_keys[q0],
+                   scores.data());
     }
     std::copy_n(&scores[(i % block) * n_keys], n_keys, score.begin());
     if (r.candidate_source) {
@@ -189,79 +225,97 @@ void run_indexer(const ModelConfig& c, const LayerRole& r, const AttentionWeight
   }
 }
 
-}  // namespace
-
-void attention_forward(const ModelConfig& c, const LayerRole& r, const AttentionWeights& w, const RopeTable& rope,
-                       const float* x, ForwardContext& ctx, SequenceState& st, float* out) {
-  const int64_t s = ctx.count, d = c.dim, H = c.n_heads, D = c.head_dim, rd = c.rope_head_dim;
-  const int64_t W = c.window_size, Q = c.q_lora_rank;
-  const float eps = static_cast<float>(c.norm_eps);
-
-  // 1. query: q-LoRA, RoPE on the last rd channels of each head
-  std::vector<float> qr(static_cast<size_t>(s * Q)), q(static_cast<size_t>(s * H * D));
-  linear_fp8(x, s, w.wq_a, qr.data());
-  rms_rows(qr.data(), s, Q, w.q_norm, eps);
-  linear_fp8(qr.data(), s, w.wq_b, q.data());
-  for (int64_t i = 0; i < s; ++i)
+// Query heads: RoPE on the last rd channels of each head, at each token's position.
+void rotate_queries(const ModelConfig& c, const RopeTable& rope, const ForwardContext& ctx, float* q) {
+  const int64_t H = c.n_heads, D = c.head_dim, rd = c.rope_head_dim;
+  for (int64_t i = 0; i < ctx.count; ++i)
     for (int64_t h = 0; h < H; ++h) rope.apply(&q[(i * H + h) * D + D - rd], ctx.start + i, false);
+}
 
-  // 2. this layer's window KV: one row per token, FP8 over all lanes (RoPE tail included); the rows
-  // are packed as the ring stores them and used here as the values they decode to
-  const int64_t wrb = window_row_bytes(D);
-  std::vector<float> kv(static_cast<size_t>(s * D));
-  std::vector<uint8_t> kv_packed(static_cast<size_t>(s * wrb));
-  linear_fp8(x, s, w.wkv, kv.data());
-  rms_rows(kv.data(), s, D, w.kv_norm, eps);
-  for (int64_t i = 0; i < s; ++i) {
+// This call's window KV rows: RoPE at each position, then FP8 over all lanes (RoPE tail included).
+// Returns the rows packed as the ring stores them; `kv` is left holding the values they decode to,
+// which is what attention reads.
+std::vector<uint8_t> quantize_window_rows(const ModelConfig& c, const RopeTable& rope, const ForwardContext& ctx,
+                                          float* kv) {
+  const int64_t D = c.head_dim, rd = c.rope_head_dim, wrb = window_row_bytes(D);
+  std::vector<uint8_t> packed(static_cast<size_t>(ctx.count * wrb));
+  for (int64_t i = 0; i < ctx.count; ++i) {
     rope.apply(&kv[i * D + D - rd], ctx.start + i, false);
-    pack_window_row(&kv[i * D], D, &kv_packed[i * wrb]);
-    unpack_window_row(&kv_packed[i * wrb], D, &kv[i * D]);
+    pack_window_row(&kv[i * D], D, &packed[i * wrb]);
+    unpack_window_row(&packed[i * wrb], D, &kv[i * D]);
   }
-  std::vector<uint8_t>& ring = st.window[r.layer];
-  if (ring.empty()) ring.assign(static_cast<size_t>(W * wrb), 0);
-  // the ring's rows from earlier calls, decoded once for all of this call's queries
-  std::vector<float> ring_rows;
-  if (ctx.start > 0) {
-    ring_rows.resize(static_cast<size_t>(W * D));
-    for (int64_t z = 0; z < W; ++z) unpack_window_row(&ring[z * wrb], D, &ring_rows[z * D]);
-  }
+  return packed;
+}
 
-  // 3-4. compressed KV and the selection of its rows
-  if (r.compress_ratio > 0) {
-    if (r.kv_source) {
-      KvSourceState& src = *st.sources[r.layer];
-      int64_t first = 0, groups = 0;
-      std::vector<float> latent;
-      if (!ctx.replay) {
-        latent = compress(c, r, w, x, ctx, src, first, groups);
-      } else if (src.compressed.size() < (ctx.start + ctx.count) / r.compress_ratio) {
-        fail("attention", "replay over positions whose compressed rows are not cached");
-      }
-      if (groups > 0) {
-        publish_index_keys(c, r, w, rope, latent, first, groups, src);
-        st.last_index_keys_layer = r.layer;
-      }
-      if (r.index_source) {
-        // Owner keys by default; the shipped decode path scores whatever was published last when this
-        // source emitted nothing in this call (model-spec §7 item 11).
-        int keys_layer = r.layer;
-        if (ctx.index_keys == IndexKeysMode::Reference && groups == 0 && st.last_index_keys_layer >= 0) {
-          keys_layer = st.last_index_keys_layer;
-        }
-        run_indexer(c, r, w, rope, x, qr.data(), st.sources[keys_layer]->index_keys, ctx);
-      }
-      if (groups > 0) publish_rows(c, r, rope, latent, first, groups, src);
-    } else if (r.index_source) {
-      int keys_layer = ctx.index_keys == IndexKeysMode::Reference && st.last_index_keys_layer >= 0
-                           ? st.last_index_keys_layer
-                           : r.index_keys_from;
-      run_indexer(c, r, w, rope, x, qr.data(), st.sources[keys_layer]->index_keys, ctx);
+// The ring's rows from earlier calls that this call's queries can read, decoded once for all of them
+// into their slots: positions from the first query's window reach (and the layer's first window
+// row) up to the call's start. Short contexts leave most slots unread, so they are not decoded.
+std::vector<float> decode_ring(const ModelConfig& c, const std::vector<uint8_t>& ring, int64_t window_from,
+                               const ForwardContext& ctx) {
+  const int64_t D = c.head_dim, W = c.window_size, wrb = window_row_bytes(D);
+  std::vector<float> rows;
+  if (ctx.start == 0) return rows;
+  rows.resize(static_cast<size_t>(W * D));
+  for (int64_t p = std::max({int64_t{0}, window_from, ctx.start - W + 1}); p < ctx.start; ++p) {
+    unpack_window_row(&ring[(p % W) * wrb], D, &rows[(p % W) * D]);
+  }
+  return rows;
+}
+
+// The last window of this call's packed rows replace the ring's slots of their positions.
+void store_window_rows(const ModelConfig& c, const std::vector<uint8_t>& packed, const ForwardContext& ctx,
+                       std::vector<uint8_t>& ring) {
+  const int64_t W = c.window_size, s = ctx.count, wrb = window_row_bytes(c.head_dim);
+  for (int64_t i = std::max<int64_t>(0, s - W); i < s; ++i) {
+    std::copy_n(&packed[i * wrb], wrb, &ring[((ctx.start + i) % W) * wrb]);
+  }
+}
+
+// Steps 3-4 of a compressed layer: a KV source compresses this call's tokens and publishes rows and
+// index keys; an index source selects rows for each query. Afterwards the top-k this layer reads
+// must have been published.
+void compressed_kv_and_selection(const ModelConfig& c, const LayerRole& r, const AttentionWeights& w,
+                                 const RopeTable& rope, const SequenceRows& rows, ForwardContext& ctx,
+                                 SequenceState& st) {
+  if (r.kv_source) {
+    KvSourceState& src = *st.sources[r.layer];
+    int64_t first = 0, groups = 0;
+    std::vector<float> latent;
+    if (!ctx.replay) {
+      latent = compress(c, r, w, rows, ctx, src, first, groups);
+    } else if (src.compressed.size() < (ctx.start + ctx.count) / r.compress_ratio) {
+      fail("attention", "replay over positions whose compressed rows are not cached");
     }
-    if (!ctx.topk_written[r.topk_from]) fail("attention", "top-k read before its index source wrote it");
+    if (groups > 0) {
+      publish_index_keys(c, r, w, rope, latent, first, groups, src);
+      st.last_index_keys_layer = r.layer;
+    }
+    if (r.index_source) {
+      // Owner keys by default; the shipped decode path scores whatever was published last when this
+      // source emitted nothing in this call (model-spec §7 item 11).
+      int keys_layer = r.layer;
+      if (ctx.index_keys == IndexKeysMode::Reference && groups == 0 && st.last_index_keys_layer >= 0) {
+        keys_layer = st.last_index_keys_layer;
+      }
+      run_indexer(c, r, rope, rows, st.sources[keys_layer]->index_keys, ctx);
+    }
+    if (groups > 0) publish_rows(c, r, rope, latent, first, groups, src);
+  } else if (r.index_source) {
+    int keys_layer = ctx.index_keys == IndexKeysMode::Reference && st.last_index_keys_layer >= 0
+                         ? st.last_index_keys_layer
+                         : r.index_keys_from;
+    run_indexer(c, r, rope, rows, st.sources[keys_layer]->index_keys, ctx);
   }
+  if (!ctx.topk_written[r.topk_from]) fail("attention", "top-k read before its index source wrote it");
+}
 
-  // 5. sparse attention over [window rows, selected compressed rows], in the reference's list layout
-  std::vector<float> o(static_cast<size_t>(s * H * D));
+// Step 5: each query attends over [window rows, selected compressed rows] in the reference's list
+// layout; the output's RoPE tail is rotated back at the query's position.
+void sparse_attention_per_query(const ModelConfig& c, const LayerRole& r, const AttentionWeights& w,
+                                const RopeTable& rope, const float* q, const float* kv,
+                                const std::vector<float>& ring_rows, const ForwardContext& ctx,
+                                const SequenceState& st, float* o) {
+  const int64_t s = ctx.count, H = c.n_heads, D = c.head_dim, rd = c.rope_head_dim, W = c.window_size;
   std::vector<const float*> rows;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   const KvSourceState* kv_src = r.compress_ratio > 0 ? st.sources[r.kv_from].get() : nullptr;
@@ -296,12 +350,52 @@ void attention_forward(const ModelConfig& c, const LayerRole& r, const Attention
     sparse_attention(&q[i * H * D], H, D, rows, w.attn_sink.data(), scale, &o[i * H * D]);
     for (int64_t h = 0; h < H; ++h) rope.apply(&o[(i * H + h) * D + D - rd], pos, true);
   }
-  for (int64_t i = std::max<int64_t>(0, s - W); i < s; ++i) {
-    std::copy_n(&kv_packed[i * wrb], wrb, &ring[((ctx.start + i) % W) * wrb]);
-  }
+}
 
-  output_projection(c, w, o.data(), s, out);
-  (void)d;
+}  // namespace
+
+AttentionProjection project_attention(const ModelConfig& c, const LayerRole& r, const AttentionWeights& w,
+                                      const float* x, int64_t count, bool replay) {
+  AttentionProjection p;
+  p.count = count;
+  project_queries(c, w, x, p);
+  project_window_kv(c, w, x, p);
+  if (runs_compressor(r, replay)) project_compressor_rows(c, r, w, x, p);
+  if (runs_indexer(r)) project_indexer_rows(c, w, x, p);
+  return p;
+}
+
+SequenceRows sequence_rows(const ModelConfig& c, AttentionProjection& p, int64_t first) {
+  const int64_t HD = c.n_heads * c.head_dim, D = c.head_dim, nh = c.index_n_heads, K = c.index_head_dim;
+  auto at = [first](std::vector<float>& v, int64_t width) { return v.empty() ? nullptr : &v[first * width]; };
+  SequenceRows rows;
+  rows.q = at(p.q, HD);
+  rows.kv = at(p.kv, D);
+  rows.compressor_kv = at(p.compressor_kv, D);
+  rows.compressor_score = at(p.compressor_score, D);
+  rows.index_q = at(p.index_q, nh * K);
+  rows.index_weights = at(p.index_weights, nh);
+  return rows;
+}
+
+void attention_core(const ModelConfig& c, const LayerRole& r, const AttentionWeights& w, const RopeTable& rope,
+                    const SequenceRows& rows, ForwardContext& ctx, SequenceState& st, float* o) {
+  rotate_queries(c, rope, ctx, rows.q);
+  const std::vector<uint8_t> packed = quantize_window_rows(c, rope, ctx, rows.kv);
+  std::vector<uint8_t>& ring = st.window[r.layer];
+  if (ring.empty()) ring.assign(static_cast<size_t>(c.window_size * window_row_bytes(c.head_dim)), 0);
+  const std::vector<float> ring_rows = decode_ring(c, ring, st.window_from[r.layer], ctx);
+  if (r.compress_ratio > 0) compressed_kv_and_selection(c, r, w, rope, rows, ctx, st);
+  sparse_attention_per_query(c, r, w, rope, rows.q, rows.kv, ring_rows, ctx, st, o);
+  store_window_rows(c, packed, ctx, ring);
+}
+
+void attention_forward(const ModelConfig& c, const LayerRole& r, const AttentionWeights& w, const RopeTable& rope,
+                       const float* x, ForwardContext& ctx, SequenceState& st, float* out) {
+  AttentionProjection p = project_attention(c, r, w, x, ctx.count, ctx.replay);
+  std::vector<float> o(static_cast<size_t>(ctx.count * c.n_heads * c.head_dim));
+  attention_core(c, r, w, rope, sequence_rows(c, p, 0), ctx, st, o.data());
+  output_projection(c, w, o.data(), ctx.count, out);
 }
 
 void output_projection(const ModelConfig& c, const AttentionWeights& w, const float* o, int64_t s, float* out) {
@@ -310,7 +404,7 @@ void output_projection(const ModelConfig& c, const AttentionWeights& w, const fl
   std::vector<float> og(static_cast<size_t>(s * G * R)), xg(static_cast<size_t>(s * Kg)), yg(static_cast<size_t>(s * R));
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t i = 0; i < s; ++i) std::copy_n(&o[i * H * D + g * Kg], Kg, &xg[i * Kg]);
-    linear_bf16(xg.data(), s, Bf16Matrix{&w.wo_a.bits[static_cast<size_t>(g * R * Kg)], R, Kg}, yg.data());
+    linear_bf16(xg.data(), s, w.wo_a.rows(g * R, R), yg.data());
     for (int64_t i = 0; i < s; ++i) std::copy_n(&yg[i * R], R, &og[(i * G + g) * R]);
   }
   linear_fp8(og.data(), s, w.wo_b, out);

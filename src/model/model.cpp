@@ -63,11 +63,11 @@ void Model::block(int layer, ForwardContext& ctx, SequenceState& st, float* X, s
   norm_rows(u.data(), count, d, L.attn_norm, c.norm_eps, u.data());
   const RopeTable& rope = r.compress_ratio > 0 ? rope_compressed_ : rope_window_;
   attention_forward(c, r, L.attn, rope, u.data(), ctx, st, y.data());
-  hc_post(c, x, y.data(), a, count);
 
-  // FFN sublayer: collapse with the attention's pre; its own pre goes to the next block
-  Mixes f = hc_mixes(c, x, count, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base);
-  hc_pre(c, x, a.pre.data(), count, u.data());
+  // FFN sublayer, one pass: expand the attention's output into the stream (a's post/comb), the FFN's
+  // mixes from the new stream, its input collapsed with the attention's pre; its own pre goes to the
+  // next block
+  Mixes f = hc_step(c, x, y.data(), a, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, count, u.data());
   norm_rows(u.data(), count, d, L.ffn_norm, c.norm_eps, u.data());
   moe_forward(c, layer, L.ffn, u.data(), count, y.data());
   hc_post(c, x, y.data(), f, count);
@@ -249,27 +249,37 @@ std::vector<std::vector<float>> Model::decode_batch(const std::vector<SequenceSt
     pre[i * hc] = 1.0f;
   }
   std::vector<float> u(static_cast<size_t>(n * d)), y(static_cast<size_t>(n * d));
+  const int64_t HD = c.n_heads * c.head_dim;
+  std::vector<float> o(static_cast<size_t>(n * HD));  // attention outputs before the O-LoRA
   for (int layer = 0; layer < c.n_layers; ++layer) {
     const LayerWeights& L = weights_->layers[layer];
     const LayerRole& r = roles_[layer];
     if (r.engram) {
       size_t slot = 0;
       while (c.engram_layer_ids[slot] != layer) ++slot;
+      // every sequence's rows one after the other, so the Engram projection runs once over all
       EngramStore& table = *L.engram->table;
+      const size_t per_token = ids[slot][0].size();
+      std::vector<uint8_t> codes(static_cast<size_t>(n) * per_token * static_cast<size_t>(table.row_bytes()));
+      std::vector<uint8_t> scales(static_cast<size_t>(n) * per_token * static_cast<size_t>(table.scale_bytes()));
       for (int64_t i = 0; i < n; ++i) {
-        std::vector<uint8_t> codes(ids[slot][i].size() * static_cast<size_t>(table.row_bytes()));
-        std::vector<uint8_t> scales(ids[slot][i].size() * static_cast<size_t>(table.scale_bytes()));
-        table.gather(table.prefetch(ids[slot][i]), codes.data(), scales.data());
-        engram_forward(c, *L.engram, codes.data(), scales.data(), 1, &X[i * hc * d]);
+        const size_t row0 = static_cast<size_t>(i) * per_token;
+        table.gather(table.prefetch(ids[slot][i]), &codes[row0 * static_cast<size_t>(table.row_bytes())],
+                     &scales[row0 * static_cast<size_t>(table.scale_bytes())]);
       }
+      engram_forward(c, *L.engram, codes.data(), scales.data(), n, X.data());
     }
     Mixes a = hc_mixes(c, X.data(), n, L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base);
     hc_pre(c, X.data(), pre.data(), n, u.data());
     norm_rows(u.data(), n, d, L.attn_norm, c.norm_eps, u.data());
-    for (int64_t i = 0; i < n; ++i) attention_forward(c, r, L.attn, rope(layer), &u[i * d], ctx[i], *states[i], &y[i * d]);
-    hc_post(c, X.data(), y.data(), a, n);
-    Mixes f = hc_mixes(c, X.data(), n, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base);
-    hc_pre(c, X.data(), a.pre.data(), n, u.data());
+    // the projections once over every sequence's row; the state-dependent core per sequence
+    AttentionProjection projected = project_attention(c, r, L.attn, u.data(), n, /*replay=*/false);
+    for (int64_t i = 0; i < n; ++i) {
+      attention_core(c, r, L.attn, rope(layer), sequence_rows(c, projected, i), ctx[i], *states[i], &o[i * HD]);
+    }
+    output_projection(c, L.attn, o.data(), n, y.data());
+    // expand the attention's output, the FFN's mixes and its input: one pass over the stream
+    Mixes f = hc_step(c, X.data(), y.data(), a, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, n, u.data());
     norm_rows(u.data(), n, d, L.ffn_norm, c.norm_eps, u.data());
     moe_forward(c, layer, L.ffn, u.data(), n, y.data());  // all sequences' tokens through one MoE
     hc_post(c, X.data(), y.data(), f, n);

@@ -58,10 +58,11 @@ class Model {
   // The Engram n-gram history after `tokens` (the compressed ids of the last max_ngram-1 of them).
   std::vector<int64_t> engram_history(const std::vector<int32_t>& tokens) const;
 
-  // One decode step for several sequences at once: token i is appended to states[i]. Every
-  // per-sequence part (attention, windows, caches, Engram history) runs per sequence; the MoE, whose
-  // experts are most of the weights, runs once over all of them, so each expert's weights are read
-  // once per step. Row by row the results are those of forward() with one token.
+  // One decode step for several sequences at once: token i is appended to states[i]. Only the
+  // state-dependent parts (attention's core: RoPE, windows, compressed rows, the indexer, sparse
+  // attention; Engram history and row fetches) run per sequence; every weight-streaming part (the
+  // attention projections, the Engram projection, the MoE, the head) runs once over all of them, so
+  // its weights are read once per step. Row by row the results are those of forward() with one token.
   std::vector<std::vector<float>> decode_batch(const std::vector<SequenceState*>& states,
                                                const std::vector<int32_t>& tokens, IndexKeysMode index_keys) const;
 

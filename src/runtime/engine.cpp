@@ -262,7 +262,7 @@ bool Engine::Impl::admit_locked() {
 void Engine::Impl::step() {
   const int64_t V = model->config().vocab_size;
   // prefill chunks first, one sequence at a time; every sequence ready to decode then runs in one
-  // batched step (the experts' weights are read once for all of them)
+  // batched step (every weight-streaming part, the experts included, reads its weights once for all)
   std::vector<Request*> decoding;
   for (auto& rp : running) {
     Request& r = *rp;

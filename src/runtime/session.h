@@ -49,7 +49,7 @@ class Session {
   // Appends one token and returns the logits that predict the next.
   std::vector<float> decode(int32_t token);
   // decode() for several sessions of one model in one step (Model::decode_batch): the same logits,
-  // with the experts' weights read once for all of them.
+  // with every projection's and expert's weights read once for all of them.
   static std::vector<std::vector<float>> decode_batch(const std::vector<Session*>& sessions,
                                                       const std::vector<int32_t>& tokens);
 

@@ -397,6 +397,19 @@ inline bool packed_nan(const typename Kind::Matrix& w, int64_t tile) {
   return w.packed.nan_tiles != nullptr && w.packed.nan_tiles[tile] != 0;
 }
 
+// One core's stream of weights is bound by how many cache misses it keeps in flight, not by the
+// memory: the hardware prefetcher alone reached ~4.7 GB/s per core on the development machine. Asking
+// for the lines kPrefetchBytes ahead (in the same tile, or the next tile's first lines when the
+// current one ends: tiles lie one after another) keeps more of them in flight.
+constexpr int64_t kPrefetchBytes = 4096;
+
+template <class Kind>
+inline void prefetch_ahead(const typename Kind::Matrix& w, int64_t tile, int64_t b) {
+  constexpr int64_t kBlock = Kind::PDec::kBlockBytes * kTileRows;
+  const uint8_t* p = packed_block<Kind>(w, tile, b) + kPrefetchBytes;
+  for (int64_t off = 0; off < kBlock; off += 64) __builtin_prefetch(p + off, 0, 3);
+}
+
 template <class Kind, int M>
 void gemv_packed(const float* x, const float* xs, const QuantizedActivations* qa, const typename Kind::Matrix& w,
                  float* y, int64_t r0, int64_t r1) {
@@ -412,7 +425,10 @@ void gemv_packed(const float* x, const float* xs, const QuantizedActivations* qa
     }
     Kind::packed_scales(w, tile, ws);
     GemvSink<Kind, M> sink(x, xs, w.k, ws);
-    for (int64_t b = 0; b < kb; ++b) Kind::PDec::step(packed_block<Kind>(w, tile, b), b, sink);
+    for (int64_t b = 0; b < kb; ++b) {
+      prefetch_ahead<Kind>(w, tile, b);
+      Kind::PDec::step(packed_block<Kind>(w, tile, b), b, sink);
+    }
     for (int i = 0; i < M; ++i) {
       Kind::PDec::store(y + i * w.n + row0, finish<Kind>(sink.acc[i][0]), finish<Kind>(sink.acc[i][1]), count);
     }

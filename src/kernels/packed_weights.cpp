@@ -16,8 +16,10 @@ namespace {
 
 constexpr int64_t kKBlock = 32;
 
-// Zeroed, 64-byte aligned storage; buffers of a few MB and more ask for transparent huge pages, which
-// spare the decode loop's streaming reads most of their TLB misses.
+// 64-byte aligned storage, not zeroed: the packing threads write every byte, so the pages are first
+// touched (and cleared by the kernel) on both cores, not on the loading thread. Buffers of a few MB
+// and more ask for transparent huge pages, which spare the decode loop's streaming reads most of
+// their TLB misses.
 uint8_t* allocate(int64_t bytes) {
   constexpr size_t kHuge = size_t{2} << 20;
   const size_t size = static_cast<size_t>(std::max<int64_t>(bytes, 1));
@@ -25,14 +27,15 @@ uint8_t* allocate(int64_t bytes) {
   void* p = std::aligned_alloc(align, (size + align - 1) / align * align);
   if (p == nullptr) throw std::bad_alloc();
   if (align == kHuge) madvise(p, size, MADV_HUGEPAGE);  // a hint: ignored where THP is off
-  std::memset(p, 0, size);
   return static_cast<uint8_t*>(p);
 }
 
 // One tile: `count` rows of `cols` elements T, written column by column with `tile_rows` slots per
-// column. Rows are read 64 columns at a time so each pass touches few cache lines per row.
+// column, then zeros for the missing rows and for the columns up to `padded_cols`. Rows are read 64
+// columns at a time so each pass touches few cache lines per row.
 template <class T>
-void transpose_tile(const uint8_t* rows, int64_t count, int64_t row_bytes, int64_t cols, int tile_rows, uint8_t* tile) {
+void transpose_tile(const uint8_t* rows, int64_t count, int64_t row_bytes, int64_t cols, int64_t padded_cols,
+                    int tile_rows, uint8_t* tile) {
   constexpr int64_t kStrip = 64;
   T* out = reinterpret_cast<T*>(tile);
   for (int64_t c0 = 0; c0 < cols; c0 += kStrip) {
@@ -42,7 +45,11 @@ void transpose_tile(const uint8_t* rows, int64_t count, int64_t row_bytes, int64
       std::memcpy(row, rows + r * row_bytes + c0 * static_cast<int64_t>(sizeof(T)), static_cast<size_t>(c1 - c0) * sizeof(T));
       for (int64_t c = c0; c < c1; ++c) out[c * tile_rows + r] = row[c - c0];
     }
+    for (int64_t r = count; r < tile_rows; ++r) {
+      for (int64_t c = c0; c < c1; ++c) out[c * tile_rows + r] = T{0};
+    }
   }
+  std::fill(out + cols * tile_rows, out + padded_cols * tile_rows, T{0});
 }
 
 }  // namespace
@@ -64,7 +71,7 @@ PackedWeights::PackedWeights(const uint8_t* rows, int64_t n, int64_t row_bytes, 
                              int elem_bytes, int tile_rows, const uint8_t* row_scales, int64_t scale_cols,
                              bool nan_check) {
   const int64_t tiles = (n + tile_rows - 1) / tile_rows;
-  const int64_t real_cols = row_bytes / elem_bytes;
+  const int64_t real_cols = row_bytes / elem_bytes, padded_cols = padded_row_bytes / elem_bytes;
   view_.tile_rows = tile_rows;
   view_.tile_bytes = padded_row_bytes * tile_rows;
   tiles_.reset(allocate(tiles * view_.tile_bytes));
@@ -87,9 +94,9 @@ PackedWeights::PackedWeights(const uint8_t* rows, int64_t n, int64_t row_bytes, 
       const int64_t r0 = t * tile_rows, count = std::min<int64_t>(tile_rows, n - r0);
       uint8_t* tile = out + t * view_.tile_bytes;
       if (elem_bytes == 1) {
-        transpose_tile<uint8_t>(rows + r0 * row_bytes, count, row_bytes, real_cols, tile_rows, tile);
+        transpose_tile<uint8_t>(rows + r0 * row_bytes, count, row_bytes, real_cols, padded_cols, tile_rows, tile);
       } else {
-        transpose_tile<uint16_t>(rows + r0 * row_bytes, count, row_bytes, real_cols, tile_rows, tile);
+        transpose_tile<uint16_t>(rows + r0 * row_bytes, count, row_bytes, real_cols, padded_cols, tile_rows, tile);
       }
       if (scales != nullptr) {
         uint8_t* s = scales + t * view_.scale_tile_bytes;

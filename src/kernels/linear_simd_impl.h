@@ -511,30 +511,26 @@ void run_linear(const float* x, int64_t m, const typename Kind::Matrix& w, float
       body(int64_t{0}, w.n);
     }
   };
-  if (w.packed.tile_rows == kTileRows) {
-    switch (m <= V::kGemvRows ? m : 0) {
-      case 1:
-        return split([&](int64_t r0, int64_t r1) { gemv_packed<Kind, 1>(xv, xs, qp, w, y, r0, r1); });
-      case 2:
-        return split([&](int64_t r0, int64_t r1) { gemv_packed<Kind, 2>(xv, xs, qp, w, y, r0, r1); });
-      case 3:
-        return split([&](int64_t r0, int64_t r1) { gemv_packed<Kind, 3>(xv, xs, qp, w, y, r0, r1); });
-      case 4:
-        return split([&](int64_t r0, int64_t r1) { gemv_packed<Kind, 4>(xv, xs, qp, w, y, r0, r1); });
-      default:
-        return split([&](int64_t r0, int64_t r1) { gemm_packed<Kind>(xv, xs, qp, m, w, y, r0, r1); });
-    }
-  }
+  // the weights packed at load time for this level's tiles, or the checkpoint's row-major layout
+  const bool packed = w.packed.tile_rows == kTileRows;
+  const auto gemv = [&](auto rows) {
+    constexpr int M = decltype(rows)::value;
+    split([&](int64_t r0, int64_t r1) {
+      packed ? gemv_packed<Kind, M>(xv, xs, qp, w, y, r0, r1) : gemv_rows<Kind, M>(xv, xs, qp, w, y, r0, r1);
+    });
+  };
   switch (m <= V::kGemvRows ? m : 0) {
     case 1:
-      return split([&](int64_t r0, int64_t r1) { gemv_rows<Kind, 1>(xv, xs, qp, w, y, r0, r1); });
+      return gemv(std::integral_constant<int, 1>{});
     case 2:
-      return split([&](int64_t r0, int64_t r1) { gemv_rows<Kind, 2>(xv, xs, qp, w, y, r0, r1); });
+      return gemv(std::integral_constant<int, 2>{});
     case 3:
-      return split([&](int64_t r0, int64_t r1) { gemv_rows<Kind, 3>(xv, xs, qp, w, y, r0, r1); });
+      return gemv(std::integral_constant<int, 3>{});
     case 4:
-      return split([&](int64_t r0, int64_t r1) { gemv_rows<Kind, 4>(xv, xs, qp, w, y, r0, r1); });
+      return gemv(std::integral_constant<int, 4>{});
     default:
-      return split([&](int64_t r0, int64_t r1) { gemm_rows<Kind>(xv, xs, qp, m, w, y, r0, r1); });
+      return split([&](int64_t r0, int64_t r1) {
+        packed ? gemm_packed<Kind>(xv, xs, qp, m, w, y, r0, r1) : gemm_rows<Kind>(xv, xs, qp, m, w, y, r0, r1);
+      });
   }
 }

@@ -125,9 +125,8 @@ Draft Drafter::draft(const SequenceState& st, int32_t next, Sampler& sampler) co
     norm_rows(u.data(), B, d, L.attn_norm, c.norm_eps, u.data());
     if (st.window[layer].empty()) fail("speculative", "the drafter's ring is empty (observe the prompt first)");
     draft_attention(model_, layer, u.data(), B, p, st.window[layer], st.window_from[layer], y.data());
-    hc_post(c, X.data(), y.data(), a, B);
-    Mixes f = hc_mixes(c, X.data(), B, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base);
-    hc_pre(c, X.data(), a.pre.data(), B, u.data());
+    // expand the attention's output, the FFN's mixes and its input: one pass over the stream
+    Mixes f = hc_step(c, X.data(), y.data(), a, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, B, u.data());
     norm_rows(u.data(), B, d, L.ffn_norm, c.norm_eps, u.data());
     moe_forward(c, layer, L.ffn, u.data(), B, y.data());
     hc_post(c, X.data(), y.data(), f, B);

@@ -7,7 +7,8 @@
 //    (each p = a·w is exact in fp32), then acc = acc + (partial·a_s)·w_s over blocks in k order.
 //  * linear_bf16 / linear_f32: acc = ((0 + p0) + p1) + … in k order, one chain per output.
 // The SIMD versions keep these chains as they are and put different outputs in different vector
-// lanes (weights transposed on the fly), so no chain is split or reassociated.
+// lanes (weights packed in tiles of rows at load time, or transposed on the fly), so no chain is
+// split or reassociated.
 #pragma once
 
 #include <cstdint>

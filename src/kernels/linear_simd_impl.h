@@ -8,7 +8,8 @@
 //    tile's outputs from vectors in that order.
 //
 // Lanes are output rows, so every output keeps the reference's sequential chain over k (see
-// linear_internal.h); the transposition happens while decoding, on bytes, where it is cheapest. Two
+// linear_internal.h). Weights packed at load time (packed_weights.h) are already laid that way; from
+// the row-major layout the transposition happens while decoding, on bytes, where it is cheapest. Two
 // vectors per k give two independent chains, so one chain's FMA latency hides behind the other's.
 // Two paths share the decoders:
 //  * m <= V::kGemvRows (decode steps, small expert batches: GEMV): each decoded vector feeds the

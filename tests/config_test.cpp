@@ -5,9 +5,9 @@
 #include <nlohmann/json.hpp>
 
 #include "io/config.h"
-#include "model/layer_roles.h"
+#include "io/layer_roles.h"
 #include "model/model_stats.h"
-#include "state/row_formats.h"
+#include "numeric/row_codecs.h"
 #include "state/state_graph.h"
 #include "test_util.h"
 #include "util/error.h"

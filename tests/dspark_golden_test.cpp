@@ -8,6 +8,7 @@
 
 #include "model/dspark.h"
 #include "numeric/formats.h"
+#include "runtime/sampler.h"
 #include "test_util.h"
 
 namespace dsv41 {

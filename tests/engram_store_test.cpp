@@ -1,6 +1,6 @@
 // EngramStore: the three tiers serve the same bytes as the checkpoint mapping, tickets may be
 // gathered in any order, bad row ids and a file that shrinks under the Pread tier are Errors.
-#include "model/engram_store.h"
+#include "io/engram_store.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -20,7 +20,7 @@
 #include "kernels/thread_pool.h"
 #include "numeric/formats.h"
 #include "numeric/quant.h"
-#include "state/row_formats.h"
+#include "numeric/row_codecs.h"
 
 namespace {
 

@@ -14,7 +14,7 @@
 #include <tuple>
 #include <vector>
 
-#include "model/engram_layout.h"
+#include "io/engram_layout.h"
 #include "numeric/numpy_random.h"
 
 namespace dsv41 {

@@ -7,7 +7,7 @@
 
 #include "numeric/formats.h"
 #include "numeric/quant.h"
-#include "state/row_formats.h"
+#include "numeric/row_codecs.h"
 
 namespace dsv41 {
 namespace {

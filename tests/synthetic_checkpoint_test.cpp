@@ -8,7 +8,7 @@
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "model/checkpoint_check.h"
-#include "model/layer_roles.h"
+#include "io/layer_roles.h"
 #include "model/model_stats.h"
 #include "model/synthetic_checkpoint.h"
 #include "numeric/formats.h"

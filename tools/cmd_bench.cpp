@@ -19,7 +19,7 @@
 #include "kernels/thread_pool.h"
 #include "model/model.h"
 #include "model/model_stats.h"
-#include "model/engram_store.h"
+#include "io/engram_store.h"
 #include "model/tensor_layout.h"
 #include "runtime/engine.h"
 #include "runtime/prefix_cache.h"

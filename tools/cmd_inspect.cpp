@@ -9,8 +9,8 @@
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "model/checkpoint_check.h"
-#include "model/engram_layout.h"
-#include "model/layer_roles.h"
+#include "io/engram_layout.h"
+#include "io/layer_roles.h"
 #include "model/model_stats.h"
 #include "state/state_graph.h"
 

@@ -7,7 +7,7 @@
 
 #include "cli.h"
 #include "commands.h"
-#include "model/engram_store.h"
+#include "io/engram_store.h"
 #include "runtime/engine.h"
 #include "runtime/prefix_cache.h"
 #include "server/http_server.h"

@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/engram_layout.h"
+#include "io/engram_layout.h"
 #include "util/error.h"
 
 namespace dsv41 {

@@ -8,7 +8,7 @@
 
 #include "kernels/cpu_features.h"
 #include "numeric/formats.h"
-#include "state/row_formats.h"
+#include "numeric/row_codecs.h"
 
 // The reference rounds each product before adding it; a build with FMA available must not fuse them.
 #if defined(__clang__)

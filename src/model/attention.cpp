@@ -7,7 +7,7 @@
 #include "kernels/index_score.h"
 #include "numeric/formats.h"
 #include "numeric/quant.h"
-#include "state/row_formats.h"
+#include "numeric/row_codecs.h"
 #include "util/error.h"
 
 namespace dsv41 {

@@ -15,7 +15,7 @@
 #include "io/config.h"
 #include "kernels/kernels.h"
 #include "model/forward_context.h"
-#include "model/layer_roles.h"
+#include "io/layer_roles.h"
 #include "model/sequence_state.h"
 #include "model/weights.h"
 

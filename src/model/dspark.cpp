@@ -7,7 +7,7 @@
 #include "model/mhc.h"
 #include "model/moe.h"
 #include "numeric/formats.h"
-#include "state/row_formats.h"
+#include "numeric/row_codecs.h"
 #include "util/error.h"
 
 namespace dsv41 {
@@ -103,7 +103,7 @@ void Drafter::observe(SequenceState& st, const std::vector<float>& taps, int64_t
   }
 }
 
-Draft Drafter::draft(const SequenceState& st, int32_t next, Sampler& sampler) const {
+Draft Drafter::draft(const SequenceState& st, int32_t next, TokenPicker& picker) const {
   const ModelConfig& c = model_.config();
   const ModelWeights& W = model_.weights();
   const int64_t B = c.dspark_block_size, d = c.dim, hc = c.hc_mult, V = c.vocab_size, p = st.length - 1;
@@ -148,7 +148,7 @@ Draft Drafter::draft(const SequenceState& st, int32_t next, Sampler& sampler) co
     linear_f32(e.data(), 1, W.dspark.markov_head.view(), bias.data());
     float* row = &out.logits[i * V];
     for (int64_t v = 0; v < V; ++v) row[v] += bias[v];
-    prev = sampler.sample(row, V);
+    prev = picker.sample(row, V);
     out.tokens.push_back(prev);
     std::copy_n(&h[i * d], d, conf_in.begin());
     std::copy(e.begin(), e.end(), conf_in.begin() + d);

@@ -10,7 +10,7 @@
 
 #include "model/model.h"
 #include "model/sequence_state.h"
-#include "runtime/sampler.h"
+#include "model/token_picker.h"
 
 namespace dsv41 {
 
@@ -30,9 +30,8 @@ class Drafter {
                int64_t count) const;
 
   // Drafts after `next`, the token the target produced for position state.length. The rings must hold
-  // position state.length - 1. Sampling draws each drafted token from the drafter's logits (greedy at
-  // temperature 0).
-  Draft draft(const SequenceState& state, int32_t next, Sampler& sampler) const;
+  // position state.length - 1. `picker` chooses each drafted token from the drafter's logits.
+  Draft draft(const SequenceState& state, int32_t next, TokenPicker& picker) const;
 
   int block_size() const { return model_.config().dspark_block_size; }
 

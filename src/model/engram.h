@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "io/config.h"
-#include "model/engram_layout.h"
+#include "io/engram_layout.h"
 #include "model/weights.h"
 #include "text/engram_token_map.h"
 

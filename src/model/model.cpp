@@ -11,7 +11,7 @@
 #include "model/mhc.h"
 #include "model/moe.h"
 #include "numeric/formats.h"
-#include "state/row_formats.h"
+#include "numeric/row_codecs.h"
 #include "util/error.h"
 
 namespace dsv41 {

@@ -12,7 +12,7 @@
 #include "kernels/kernels.h"
 #include "model/engram.h"
 #include "model/forward_context.h"
-#include "model/layer_roles.h"
+#include "io/layer_roles.h"
 #include "model/sequence_state.h"
 #include "model/weights.h"
 

@@ -1,6 +1,6 @@
 #include "model/model_stats.h"
 
-#include "model/layer_roles.h"
+#include "io/layer_roles.h"
 #include "model/tensor_layout.h"
 
 namespace dsv41 {

@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors_writer.h"
-#include "model/engram_layout.h"
+#include "io/engram_layout.h"
 #include "model/tensor_layout.h"
 #include "numeric/formats.h"
 #include "numeric/quant.h"

@@ -1,6 +1,6 @@
 #include "model/tensor_layout.h"
 
-#include "model/layer_roles.h"
+#include "io/layer_roles.h"
 
 namespace dsv41 {
 

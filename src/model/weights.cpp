@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "model/checkpoint_check.h"
-#include "model/layer_roles.h"
+#include "io/layer_roles.h"
 #include "numeric/formats.h"
 #include "util/error.h"
 

@@ -14,7 +14,7 @@
 #include "io/safetensors.h"
 #include "kernels/kernels.h"
 #include "kernels/packed_weights.h"
-#include "model/engram_store.h"
+#include "io/engram_store.h"
 
 namespace dsv41 {
 
@@ -77,7 +77,7 @@ struct DsparkWeights {  // the extras of the first and last DSpark stages
 class ModelWeights {
  public:
   // Opens the checkpoint in `dir`, checks every tensor against the config, binds the views; the
-  // Engram tables are served from `engram_tier` (model/engram_store.h).
+  // Engram tables are served from `engram_tier` (io/engram_store.h).
   ModelWeights(const std::string& dir, const ModelConfig& config, EngramTier engram_tier = EngramTier::Mmap);
   const ModelConfig& config() const { return config_; }
   const Checkpoint& checkpoint() const { return *checkpoint_; }

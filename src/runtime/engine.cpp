@@ -9,8 +9,9 @@
 #include <mutex>
 #include <thread>
 
-#include "model/layer_roles.h"
+#include "io/layer_roles.h"
 #include "model/model.h"
+#include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "state/state_graph.h"
 #include "util/error.h"

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "io/config.h"
-#include "model/engram_store.h"
-#include "runtime/prefix_cache.h"
-#include "runtime/sampler.h"
+#include "io/engram_store.h"
+#include "runtime/cache_mode.h"
+#include "runtime/sampling_params.h"
 #include "text/tokenizer.h"
 
 namespace dsv41 {

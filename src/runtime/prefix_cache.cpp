@@ -4,18 +4,11 @@
 #include <cstring>
 
 #include "state/disk_cache.h"
-#include "state/row_formats.h"
+#include "numeric/row_codecs.h"
 #include "util/error.h"
 
 namespace dsv41 {
 
-CacheMode parse_cache_mode(const std::string& text) {
-  if (text == "exact") return CacheMode::Exact;
-  if (text == "replay") return CacheMode::Replay;
-  fail("--cache-mode", "must be exact or replay, got \"" + text + "\"");
-}
-
-const char* cache_mode_name(CacheMode mode) { return mode == CacheMode::Exact ? "exact" : "replay"; }
 
 // The short-lived state at a block boundary, kept only in exact mode.
 struct PrefixCache::Snapshot {

@@ -18,14 +18,12 @@
 #include <vector>
 
 #include "model/model.h"
+#include "runtime/cache_mode.h"
 #include "state/prefix_tree.h"
 #include "state/state_pools.h"
 
 namespace dsv41 {
 
-enum class CacheMode { Exact, Replay };
-CacheMode parse_cache_mode(const std::string& text);  // "exact" | "replay"
-const char* cache_mode_name(CacheMode mode);
 
 struct CacheHit {
   int64_t cached_tokens = 0;    // prompt tokens whose state came from the cache

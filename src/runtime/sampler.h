@@ -6,18 +6,15 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/token_picker.h"
+#include "runtime/sampling_params.h"
+
 namespace dsv41 {
 
-struct SamplingParams {
-  double temperature = 0.0;  // 0: greedy (argmax)
-  double top_p = 1.0;        // (0, 1]
-  uint64_t seed = 0;
-};
-
-class Sampler {
+class Sampler final : public TokenPicker {
  public:
   explicit Sampler(const SamplingParams& params);
-  int32_t sample(const float* logits, int64_t vocab);
+  int32_t sample(const float* logits, int64_t vocab) override;
   const SamplingParams& params() const { return params_; }
 
   // The distribution sample() draws from: softmax(logits / T) cut to the top-p nucleus and

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "state/row_formats.h"
+#include "numeric/row_codecs.h"
 #include "util/error.h"
 
 namespace dsv41 {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <set>
 
-#include "state/row_formats.h"
+#include "numeric/row_codecs.h"
 
 namespace dsv41 {
 

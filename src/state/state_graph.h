@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "io/config.h"
-#include "model/layer_roles.h"
+#include "io/layer_roles.h"
 
 namespace dsv41 {
 

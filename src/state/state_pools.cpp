@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 
-#include "state/row_formats.h"
+#include "numeric/row_codecs.h"
 #include "util/error.h"
 
 namespace dsv41 {

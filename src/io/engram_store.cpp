@@ -1,4 +1,4 @@
-#include "model/engram_store.h"
+#include "io/engram_store.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,4 +1,4 @@
-#include "model/layer_roles.h"
+#include "io/layer_roles.h"
 
 #include <algorithm>
 

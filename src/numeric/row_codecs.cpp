@@ -1,4 +1,4 @@
-#include "state/row_formats.h"
+#include "numeric/row_codecs.h"
 
 #include <vector>
 

@@ -1,4 +1,4 @@
-#include "model/engram_layout.h"
+#include "io/engram_layout.h"
 
 #include <algorithm>
 #include <limits>

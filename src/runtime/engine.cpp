@@ -135,7 +135,7 @@ uint64_t Engine::submit(RequestParams params, EventSink sink) {
   r->params = std::move(params);
   r->sink = std::move(sink);
   std::lock_guard<std::mutex> lock(m.mu);
-  if (m.stopping) fail("engine", "is shutting down");
+  if (m.stopping) fail_unavailable("engine", "is shutting down");
   r->id = m.next_id++;
   const uint64_t id = r->id;
   m.queue.push_back(std::move(r));

@@ -126,14 +126,12 @@ void HttpServer::Impl::generate(Endpoint endpoint, const httplib::Request& req, 
     send_error(res, e);
     return;
   } catch (const Error& e) {
-    // The engine refuses what can never run (validation catches the usual cases first); its message
-    // starts with the field at fault, "engine" when it is shutting down.
-    const std::string what = e.what();
-    const std::string where = what.substr(0, what.find(": "));
-    if (where == "engine") {
-      send_error(res, ApiError(503, "server_error", what));
+    // The engine refuses what can never run (validation catches the usual cases first), naming the
+    // request field at fault, or what it cannot take now.
+    if (e.kind() == ErrorKind::Unavailable) {
+      send_error(res, ApiError(503, "server_error", e.what()));
     } else {
-      send_error(res, invalid_request(where.find(' ') == std::string::npos ? where : "", what));
+      send_error(res, invalid_request(e.where(), e.what()));
     }
     return;
   }

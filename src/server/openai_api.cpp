@@ -152,10 +152,8 @@ void parse_chat(const ojson& body, const ModelInfo& model, ApiRequest& req) {
   try {
     prompt = render_chat(body, model.chat);
   } catch (const Error& e) {
-    // The chat encoder names the offending field first: "messages[2].role: unknown role ...".
-    const std::string text = e.what();
-    const size_t colon = text.find(": ");
-    throw invalid_request(colon == std::string::npos ? "messages" : text.substr(0, colon), text);
+    // The chat encoder names the offending field ("messages[2].role").
+    throw invalid_request(e.where().empty() ? "messages" : e.where(), e.what());
   } catch (const nlohmann::json::exception& e) {
     throw invalid_request("messages", std::string("malformed chat request: ") + e.what());
   }

@@ -15,9 +15,11 @@
 
 namespace dsv41::test {
 
-inline std::string shared_dir() { return DSV41_SHARED_DIR; }
-inline std::string released_config() { return shared_dir() + "/models/deepseek-v4.1-flash/config.json"; }
-inline std::string golden_dir(const std::string& name) { return shared_dir() + "/golden/" + name; }
+// The data the tests read lives in the project (tests/golden/README.md, configs/README.md), so a
+// fresh clone needs nothing beside it.
+inline std::string source_dir() { return DSV41_SOURCE_DIR; }
+inline std::string released_config() { return source_dir() + "/configs/deepseek-v4.1-flash/config.json"; }
+inline std::string golden_dir(const std::string& name) { return source_dir() + "/tests/golden/" + name; }
 
 // A fresh empty folder under the system temp dir, removed when the object goes away.
 class TempDir {

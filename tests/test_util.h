@@ -1,16 +1,19 @@
 // Small helpers shared by the test files.
 #pragma once
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "io/config.h"
 #include "model/model.h"
 #include "model/synthetic_checkpoint.h"
+#include "runtime/sampler.h"
 #include "state/state_pools.h"
 
 namespace dsv41::test {
@@ -81,6 +84,24 @@ inline StatePools& pools_for(const Model& model) {
   auto& p = pools[config_fingerprint(model.config())];
   if (!p) p = std::make_unique<StatePools>(model.config(), model.roles());
   return *p;
+}
+
+// Relative L2 distance of the logits rows `a` from `ref`, and in how many rows their argmaxes agree.
+struct Deviation {
+  double rel_l2 = 0;
+  int same_top1 = 0, rows = 0;
+};
+inline Deviation deviation(const std::vector<float>& a, const std::vector<float>& ref, int64_t vocab) {
+  Deviation d;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    num += (a[i] - ref[i]) * (a[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  d.rel_l2 = std::sqrt(num / den);
+  d.rows = static_cast<int>(static_cast<int64_t>(ref.size()) / vocab);
+  for (int r = 0; r < d.rows; ++r) d.same_top1 += argmax(&a[r * vocab], vocab) == argmax(&ref[r * vocab], vocab);
+  return d;
 }
 
 }  // namespace dsv41::test

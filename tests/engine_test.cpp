@@ -2,6 +2,7 @@
 // what it would get alone; memory admission queues instead of failing; cancellation frees pages.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -90,22 +91,57 @@ TEST(Engine, ConcurrentRequestsGetWhatTheyGetAlone) {
   EXPECT_GE(e.metrics().requests_finished, 6u);
 }
 
+// Admission reserves each request's worst case (prompt + max_tokens + one page of tokens, at the
+// model's 106 B/token of global KV): (300 + 8 + 64) × 106 B = 39 KB, so two never fit the 60 KiB
+// budget together. All five requests must still finish, with all their tokens and the tokens they
+// get alone, but strictly one after another in submission order: every event of request i comes
+// before any of request i + 1.
 TEST(Engine, ShortMemoryQueuesRequestsInsteadOfFailingThem) {
   EngineOptions opt;
   opt.model_dir = test::tiny_model_dir();
   opt.parallel = 8;
-  opt.kv_budget_bytes = 60 * 1024;  // room for about one request at a time (106 B/token)
+  opt.kv_budget_bytes = 60 * 1024;  // room for one request at a time
   opt.cache_ram_bytes = 0;
+  std::vector<std::vector<int32_t>> alone;
+  {
+    EngineOptions roomy = opt;
+    roomy.kv_budget_bytes = uint64_t{1} << 30;
+    Engine e(roomy);
+    for (uint32_t i = 0; i < 5; ++i) {
+      Collected c;
+      e.submit(request(300, i, 8), collect(c));
+      wait(c);
+      alone.push_back(c.tokens);
+    }
+  }
   Engine e(opt);
+  std::mutex order_mu;
+  std::vector<uint32_t> order;  // the request of every event, in the order the sinks saw them
   std::vector<std::unique_ptr<Collected>> cs;
   for (uint32_t i = 0; i < 5; ++i) {
     cs.push_back(std::make_unique<Collected>());
-    e.submit(request(300, i, 8), collect(*cs.back()));
+    EventSink sink = collect(*cs.back());
+    e.submit(request(300, i, 8), [&order_mu, &order, i, sink](const TokenEvent& ev) {
+      {
+        std::lock_guard<std::mutex> lock(order_mu);
+        order.push_back(i);
+      }
+      sink(ev);
+    });
   }
-  for (auto& c : cs) {
-    wait(*c);
-    EXPECT_EQ(c->last.finish_reason, "length");
+  for (uint32_t i = 0; i < 5; ++i) {
+    wait(*cs[i]);
+    EXPECT_EQ(cs[i]->last.finish_reason, "length") << i;
+    EXPECT_EQ(cs[i]->last.completion_tokens, 8) << i;
+    EXPECT_EQ(cs[i]->tokens, alone[i]) << "request " << i;
   }
+  {
+    std::lock_guard<std::mutex> lock(order_mu);
+    EXPECT_TRUE(std::is_sorted(order.begin(), order.end())) << "requests ran interleaved";
+    EXPECT_EQ(order.size(), 5u * 9u);  // 8 tokens + the final event each
+  }
+  EXPECT_EQ(e.metrics().requests_finished, 5u);
+  EXPECT_EQ(e.metrics().requests_failed, 0u);
   EXPECT_THROW(e.submit(request(600, 9, 8), [](const TokenEvent&) {}), Error);  // over the whole budget
 }
 

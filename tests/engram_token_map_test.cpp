@@ -14,14 +14,6 @@
 namespace dsv41 {
 namespace {
 
-std::string shared_dir() {
-#ifdef DSV41_SHARED_DIR
-  return DSV41_SHARED_DIR;
-#else
-  return "/work/shared";
-#endif
-}
-
 nlohmann::json load_json(const std::string& path) {
   std::ifstream in(path);
   EXPECT_TRUE(in) << "cannot open " << path;
@@ -109,7 +101,7 @@ TEST(EngramTokenMapBuild, DecodesByteLevelAddedAndMissingIds) {
 }
 
 TEST(EngramTokenMapGolden, TinyDenseMatchesConfig) {
-  const std::string dir = shared_dir() + "/golden/tiny-dense/";
+  const std::string dir = std::string(DSV41_SOURCE_DIR) + "/tests/golden/tiny-dense/";
   const nlohmann::json config = load_json(dir + "config.json");
   const EngramTokenMap map = build_engram_token_map(load_json(dir + "tokenizer.json"), 512);
   EXPECT_EQ(map.size, config.at("text_config").at("engram_compressed_vocab_size").get<int64_t>());

@@ -1,4 +1,4 @@
-// Agreement with DeepSeek's official reference on the two golden checkpoints (../shared/golden/README.md).
+// Agreement with DeepSeek's official reference on the two golden checkpoints (tests/golden/README.md).
 // The comparison is statistical where the README says summation order legitimately moves tiny random
 // models (logits, streams), and exact up to ties where it is not (index selection).
 #include <gtest/gtest.h>

@@ -1,7 +1,9 @@
 // Tests of the scalar reference kernels (src/kernels) against slow formulations written here from
 // model-spec §3.1: dequantized weight tables, plain double sums, a two-pass attention over the same
-// chunking, Sinkhorn in double, and top-k by a full stable sort. Where the kernel's definition fixes
-// the fp32 operation order the comparison is bit-exact; elsewhere it is within the stated rounding.
+// chunking, Sinkhorn in double, and top-k by a full stable sort; RoPE against the reference's fp32
+// tables and rotations computed offline with NumPy (tests/rope_expected.h). Where the kernel's
+// definition fixes the fp32 operation order the comparison is bit-exact; elsewhere it is within the
+// stated rounding.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include "kernels/kernels.h"
 #include "numeric/formats.h"
 #include "numeric/quant.h"
+#include "rope_expected.h"
 
 namespace {
 
@@ -330,39 +333,122 @@ TEST(KernelsRope, FreqsAgainstDouble) {
     }
   }
 
-  // YaRN on top of the plain table, each step an fp32 operation as in the reference:
-  // ramp = clamp((i − low) / (high − low)), smooth = 1 − ramp, f/factor·(1 − smooth) + f·smooth.
-  // Lanes up to `low` keep f, lanes from `high` on get exactly f/factor.
+  // YaRN leaves the lanes up to `low` (15 on the released table) at f and divides those from `high`
+  // (25) on by the factor exactly.
   const RopeTable plain(64, 0, 160000.0, 16.0, 32, 1), yarn(64, 65536, 160000.0, 16.0, 32, 1);
-  Mismatches mm;
   for (size_t i = 0; i < 32; ++i) {
-    const float f = plain.freqs()[i];
-    const float ramp = std::clamp((static_cast<float>(i) - 15.0f) / 10.0f, 0.0f, 1.0f);
-    const float smooth = 1.0f - ramp;
-    const float part1 = f / 16.0f * (1.0f - smooth);
-    const float part2 = f * smooth;
-    mm.check(same_bits(yarn.freqs()[i], part1 + part2), "yarn lane " + std::to_string(i));
-    if (i <= 15) mm.check(same_bits(yarn.freqs()[i], f), "below low " + std::to_string(i));
-    if (i >= 25) mm.check(same_bits(yarn.freqs()[i], f / 16.0f), "above high " + std::to_string(i));
+    if (i <= 15) {
+      EXPECT_TRUE(same_bits(yarn.freqs()[i], plain.freqs()[i])) << "below low, lane " << i;
+    } else if (i >= 25) {
+      EXPECT_TRUE(same_bits(yarn.freqs()[i], plain.freqs()[i] / 16.0f)) << "above high, lane " << i;
+    } else {
+      EXPECT_FALSE(same_bits(yarn.freqs()[i], plain.freqs()[i])) << "inside the ramp, lane " << i;
+    }
   }
   EXPECT_EQ(plain.freqs()[0], 1.0f);
 }
 
-// The rotation written out directly: fp32 angle, cos/sin of it, fp32 complex product, bf16.
-void direct_rotate(const std::vector<float>& f, float* x, int64_t pos, bool inverse) {
-  for (size_t i = 0; i < f.size(); ++i) {
-    const float angle = static_cast<float>(pos) * f[i];
-    const float c = static_cast<float>(std::cos(static_cast<double>(angle)));
-    float s = static_cast<float>(std::sin(static_cast<double>(angle)));
-    if (inverse) s = -s;
-    const float re1 = x[2 * i] * c, re2 = x[2 * i + 1] * s;
-    const float im1 = x[2 * i] * s, im2 = x[2 * i + 1] * c;
-    x[2 * i] = round_bf16(re1 - re2);
-    x[2 * i + 1] = round_bf16(im1 + im2);
+// The tables the reference builds, from NumPy float32 in the reference's operation order
+// (tests/tools/rope_expected.py, pasted into tests/rope_expected.h): the released compressed layers
+// (base 160000, YaRN 65536 × 16), the released ratio-0 layers (base 10000, no YaRN) and the golden
+// checkpoints' compressed layers (16 lanes, YaRN 32 × 4, ramp over lanes 0-2).
+struct RopeCase {
+  const char* name;
+  int64_t dim, orig;
+  double base, factor;
+  const uint32_t* freqs;
+  const int64_t* positions;
+  size_t n_positions;
+  const uint16_t* forward;  // [n_positions][dim] bf16 bits
+  const uint16_t* inverse;
+};
+
+std::vector<RopeCase> rope_cases() {
+  namespace e = rope_expected;
+  return {
+      {"released compressed", 64, 65536, 160000.0, 16.0, e::kReleasedCompressedFreqs, e::kReleasedCompressedPositions,
+       std::size(e::kReleasedCompressedPositions), &e::kReleasedCompressedForward[0][0],
+       &e::kReleasedCompressedInverse[0][0]},
+      {"released plain", 64, 0, 10000.0, 1.0, e::kReleasedPlainFreqs, e::kReleasedPlainPositions,
+       std::size(e::kReleasedPlainPositions), &e::kReleasedPlainForward[0][0], &e::kReleasedPlainInverse[0][0]},
+      {"golden compressed", 16, 32, 160000.0, 4.0, e::kTinyCompressedFreqs, e::kTinyCompressedPositions,
+       std::size(e::kTinyCompressedPositions), &e::kTinyCompressedForward[0][0], &e::kTinyCompressedInverse[0][0]},
+  };
+}
+
+// The input of the pasted rotations: x[j] = ((37·j) mod 29 − 14)·3/16, exact in bf16.
+std::vector<float> rope_test_vector(int64_t dim) {
+  std::vector<float> x(static_cast<size_t>(dim));
+  for (int64_t j = 0; j < dim; ++j) x[j] = static_cast<float>((j * 37) % 29 - 14) * 0.1875f;
+  return x;
+}
+
+TEST(KernelsRope, FreqsEqualTheReferenceFp32Table) {
+  for (const RopeCase& c : rope_cases()) {
+    const RopeTable t(c.dim, c.orig, c.base, c.factor, 32, 1);
+    ASSERT_EQ(t.freqs().size(), static_cast<size_t>(c.dim / 2)) << c.name;
+    Mismatches mm;
+    for (size_t i = 0; i < t.freqs().size(); ++i) {
+      mm.check(bits(t.freqs()[i]) == c.freqs[i], std::string(c.name) + " lane " + std::to_string(i) + ": " +
+                                                      std::to_string(t.freqs()[i]) + " vs " +
+                                                      std::to_string(std::bit_cast<float>(c.freqs[i])));
+    }
   }
 }
 
-TEST(KernelsRope, ApplyMatchesDirectAndInverts) {
+TEST(KernelsRope, RotationsEqualTheReferenceFp32Rotation) {
+  for (const RopeCase& c : rope_cases()) {
+    const RopeTable t(c.dim, c.orig, c.base, c.factor, 32, 1);
+    const std::vector<float> x = rope_test_vector(c.dim);
+    Mismatches mm;
+    for (size_t p = 0; p < c.n_positions; ++p) {
+      for (const bool inverse : {false, true}) {
+        std::vector<float> got = x;
+        t.apply(got.data(), c.positions[p], inverse);
+        const uint16_t* want = (inverse ? c.inverse : c.forward) + p * static_cast<size_t>(c.dim);
+        for (int64_t i = 0; i < c.dim; ++i) {
+          mm.check(bf16_from_f32(got[i]) == want[i] && got[i] == round_bf16(got[i]),
+                   std::string(c.name) + (inverse ? " inverse" : " forward") + " pos " +
+                       std::to_string(c.positions[p]) + " lane " + std::to_string(i) + ": " + std::to_string(got[i]) +
+                       " vs " + std::to_string(bf16_to_f32(want[i])));
+        }
+      }
+    }
+  }
+}
+
+// The pasted values tell the reference's rules from plausible wrong ones: at position 1000003 an angle
+// taken as the double product pos·f (not its fp32 rounding), and pairs taken as the two halves of the
+// vector (not adjacent lanes), each give other bf16 values.
+TEST(KernelsRope, ReferenceValuesRejectADoubleAngleAndHalfSplitPairs) {
+  const RopeCase c = rope_cases()[1];  // released plain, positions 5 and 1000003
+  ASSERT_EQ(c.positions[1], 1000003);
+  const RopeTable t(c.dim, c.orig, c.base, c.factor, 32, 1);
+  const std::vector<float> x = rope_test_vector(c.dim);
+  const uint16_t* want = c.forward + static_cast<size_t>(c.dim);
+  const auto rotate = [&](bool double_angle, bool half_split) {
+    std::vector<float> y = x;
+    const size_t half = static_cast<size_t>(c.dim / 2);
+    for (size_t i = 0; i < half; ++i) {
+      const size_t re = half_split ? i : 2 * i, im = half_split ? i + half : 2 * i + 1;
+      const double angle = double_angle ? 1000003.0 * static_cast<double>(t.freqs()[i])
+                                        : static_cast<double>(1000003.0f * t.freqs()[i]);
+      const float co = static_cast<float>(std::cos(angle)), si = static_cast<float>(std::sin(angle));
+      y[re] = round_bf16(x[re] * co - x[im] * si);
+      y[im] = round_bf16(x[re] * si + x[im] * co);
+    }
+    int differ = 0;
+    for (int64_t i = 0; i < c.dim; ++i) differ += bf16_from_f32(y[i]) != want[i];
+    return differ;
+  };
+  EXPECT_EQ(rotate(false, false), 0);   // the rules themselves reproduce the pasted values
+  EXPECT_GE(rotate(true, false), 10);   // 14 of the 64 lanes differ
+  EXPECT_GE(rotate(false, true), 48);   // all 64 differ
+}
+
+// inverse∘forward is the identity up to the two bf16 roundings (each at most half a bf16 ulp of the
+// pair's magnitude, which a rotation keeps), and position 0 is the identity.
+TEST(KernelsRope, InverseUndoesForwardAndPositionZeroIsTheIdentity) {
   std::mt19937 rng(505);
   const RopeTable t(64, 65536, 160000.0, 16.0, 32, 1);
   const int64_t positions[] = {0, 1, 2, 17, 127, 4095, 65535, 65536, 1000003};
@@ -370,51 +456,22 @@ TEST(KernelsRope, ApplyMatchesDirectAndInverts) {
   for (const int64_t pos : positions) {
     for (int rep = 0; rep < 4; ++rep) {
       const std::vector<float> x = random_bf16(rng, 64, 3.0f);
-      std::vector<float> got = x, want = x;
-      t.apply(got.data(), pos, false);
-      direct_rotate(t.freqs(), want.data(), pos, false);
-      for (size_t i = 0; i < 64; ++i) {
-        mm.check(same_bits(got[i], want[i]), "pos " + std::to_string(pos) + " lane " + std::to_string(i));
-        mm.check(got[i] == round_bf16(got[i]), "output not bf16");
-      }
+      std::vector<float> y = x;
+      t.apply(y.data(), pos, false);
       if (pos == 0) {
-        for (size_t i = 0; i < 64; ++i) mm.check(same_bits(got[i], x[i]), "position 0 is the identity");
+        for (size_t i = 0; i < 64; ++i) mm.check(same_bits(y[i], x[i]), "position 0 is the identity");
       }
-      std::vector<float> inv = got, inv_want = got;
-      t.apply(inv.data(), pos, true);
-      direct_rotate(t.freqs(), inv_want.data(), pos, true);
-      // inverse∘forward is the identity up to the two bf16 roundings (each ≤ half a bf16 ulp of
-      // the pair's magnitude, and a rotation keeps the magnitude).
+      t.apply(y.data(), pos, true);
       for (size_t i = 0; i < 32; ++i) {
         const double r = std::hypot(static_cast<double>(x[2 * i]), static_cast<double>(x[2 * i + 1]));
         const double tol = 2.0 * std::ldexp(r, -8) + 1e-30;
-        for (size_t c = 0; c < 2; ++c) {
-          mm.check(same_bits(inv[2 * i + c], inv_want[2 * i + c]), "inverse direct, pos " + std::to_string(pos));
-          mm.check(std::fabs(inv[2 * i + c] - x[2 * i + c]) <= tol,
-                   "round trip, pos " + std::to_string(pos) + " lane " + std::to_string(2 * i + c));
+        for (size_t k = 0; k < 2; ++k) {
+          mm.check(std::fabs(y[2 * i + k] - x[2 * i + k]) <= tol,
+                   "round trip, pos " + std::to_string(pos) + " lane " + std::to_string(2 * i + k));
         }
       }
     }
   }
-}
-
-TEST(KernelsRope, AngleIsTheFp32Product) {
-  // At a large position the fp32 product pos·f differs from the exact one by up to half an ulp of
-  // ~1e6 (0.03 rad); the reference takes cos/sin of the fp32 value (model-spec §3.1).
-  const RopeTable t(64, 0, 10000.0, 1.0, 32, 1);
-  const int64_t pos = 1000003;
-  std::vector<float> x(64, 0.0f);
-  for (size_t i = 0; i < 32; ++i) x[2 * i] = 1.0f;  // (1, 0) rotates to (cos, sin)
-  t.apply(x.data(), pos, false);
-  int differs_from_double_angle = 0;
-  for (size_t i = 0; i < 32; ++i) {
-    const float angle = static_cast<float>(pos) * t.freqs()[i];
-    EXPECT_EQ(x[2 * i], round_bf16(static_cast<float>(std::cos(static_cast<double>(angle))))) << i;
-    EXPECT_EQ(x[2 * i + 1], round_bf16(static_cast<float>(std::sin(static_cast<double>(angle))))) << i;
-    const double exact = static_cast<double>(pos) * t.freqs()[i];
-    if (x[2 * i] != round_bf16(static_cast<float>(std::cos(exact)))) ++differs_from_double_angle;
-  }
-  EXPECT_GT(differs_from_double_angle, 0) << "the test position should tell the two angles apart";
 }
 
 // ---- sparse attention ---------------------------------------------------------------------------

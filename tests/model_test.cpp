@@ -12,6 +12,7 @@
 #include "model/attention.h"
 #include "model/engram.h"
 #include "model/model.h"
+#include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "test_util.h"
 #include "util/error.h"
@@ -96,10 +97,15 @@ TEST(ModelChunking, DecodeAfterPrefillEqualsLongerPrefill) {
 }
 
 // In tail mode the late layers see only the prompt's last `window` rows; a prompt that fits in the
-// window loses nothing, so it must equal the exact path bit for bit, and a longer one must not.
+// window loses nothing, so it must equal the exact path bit for bit, and a longer one must not. On
+// the 120-token prompt the measured deviation of the last prompt row is a relative L2 of 0.227, and
+// it fades as decoding refills the late layers' windows: over that row and 32 teacher-forced steps
+// 0.090, with 29 of 33 argmaxes equal (docs/agreement.md has the same on a longer run). The bars sit a
+// little above. A tail mode that lost the early context looks like a run whose first 104 tokens
+// differ: measured 1.04 on the last row and 0.88 with 1 of 33 argmaxes, which the bars must reject.
 TEST(ModelTailMode, ShortPromptsAreExactLongOnesApproximate) {
   const Model& m = tiny();
-  const int64_t W = m.config().window_size;
+  const int64_t W = m.config().window_size, V = m.config().vocab_size;
   SessionOptions exact, tail;
   tail.prefill_mode = PrefillMode::Tail;
   const std::vector<int32_t> ids = random_ids(120, 3, 1024);
@@ -109,20 +115,44 @@ TEST(ModelTailMode, ShortPromptsAreExactLongOnesApproximate) {
     EXPECT_EQ(a.prefill(p), b.prefill(p));
     EXPECT_EQ(a.decode(ids[W]), b.decode(ids[W]));
   }
-  Session a(m, test::pools_for(m), exact), b(m, test::pools_for(m), tail);
-  std::vector<float> la = a.prefill(ids), lb = b.prefill(ids);
-  EXPECT_NE(la, lb);
-  double num = 0, den = 0;
-  for (size_t i = 0; i < la.size(); ++i) {
-    num += (la[i] - lb[i]) * (la[i] - lb[i]);
-    den += la[i] * la[i];
-  }
-  EXPECT_LT(std::sqrt(num / den), 0.5);  // approximate, not unrelated (measured in docs/agreement.md)
-  // the global state is exact: the KV sources' rows are identical
-  for (int l : m.config().kv_source_layers) {
-    EXPECT_EQ(all_rows(a.state().sources[l]->compressed), all_rows(b.state().sources[l]->compressed)) << l;
-    EXPECT_EQ(all_rows(a.state().sources[l]->index_keys), all_rows(b.state().sources[l]->index_keys)) << l;
-  }
+  constexpr double kMaxLastRowRelL2 = 0.27, kMaxRelL2 = 0.11;
+  constexpr int kMinSameTop1 = 26;
+  const std::vector<int32_t> teacher = random_ids(32, 77, 1024);
+  std::vector<int32_t> other = random_ids(104, 555, 1024);
+  other.insert(other.end(), ids.begin() + 104, ids.end());
+  const auto run = [&](const std::vector<int32_t>& prompt, SessionOptions opt, bool check_state) {
+    Session s(m, test::pools_for(m), opt);
+    std::vector<float> rows = s.prefill(prompt);
+    if (check_state) {
+      // the global state is exact: the KV sources' rows equal an exact prefill's
+      Session e(m, test::pools_for(m), exact);
+      e.prefill(prompt);
+      for (int l : m.config().kv_source_layers) {
+        EXPECT_EQ(all_rows(s.state().sources[l]->compressed), all_rows(e.state().sources[l]->compressed)) << l;
+        EXPECT_EQ(all_rows(s.state().sources[l]->index_keys), all_rows(e.state().sources[l]->index_keys)) << l;
+      }
+    }
+    for (int32_t t : teacher) {
+      std::vector<float> l = s.decode(t);
+      rows.insert(rows.end(), l.begin(), l.end());
+    }
+    return rows;
+  };
+  const std::vector<float> la = run(ids, exact, false), lb = run(ids, tail, true), lo = run(other, exact, false);
+  const auto last_row = [&](const std::vector<float>& v) { return std::vector<float>(v.begin(), v.begin() + V); };
+  EXPECT_NE(last_row(la), last_row(lb));
+  const test::Deviation last = test::deviation(last_row(lb), last_row(la), V), all = test::deviation(lb, la, V);
+  const test::Deviation wrong_last = test::deviation(last_row(lo), last_row(la), V), wrong = test::deviation(lo, la, V);
+  std::printf("[tail] last prompt row: relative L2 %.3f (other early context %.3f); with 32 decode steps %.3f, "
+              "top-1 %d of %d (other early context %.3f, %d of %d)\n",
+              last.rel_l2, wrong_last.rel_l2, all.rel_l2, all.same_top1, all.rows, wrong.rel_l2, wrong.same_top1,
+              wrong.rows);
+  EXPECT_LT(last.rel_l2, kMaxLastRowRelL2);
+  EXPECT_LT(all.rel_l2, kMaxRelL2);
+  EXPECT_GE(all.same_top1, kMinSameTop1);
+  EXPECT_GT(wrong_last.rel_l2, kMaxLastRowRelL2);
+  EXPECT_GT(wrong.rel_l2, kMaxRelL2);
+  EXPECT_LT(wrong.same_top1, kMinSameTop1);
 }
 
 // The tiny model holds every role; running it prefill and decode, every reader finds what it reads

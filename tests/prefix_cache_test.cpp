@@ -2,12 +2,14 @@
 // branches never see each other's tokens, corrupt files are ignored, and no page leaks.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 
 #include "runtime/prefix_cache.h"
+#include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "test_util.h"
 
@@ -28,6 +30,19 @@ std::vector<int32_t> ids(int n, uint32_t seed) {
 std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
+}
+
+// prefill + teacher-forced steps; every logits row
+std::vector<float> run_teacher(const Model& m, StatePools& pools, PrefixCache* cache, const std::vector<int32_t>& prompt,
+                               const std::vector<int32_t>& teacher, CacheHit* hit = nullptr, SessionOptions opt = {}) {
+  Session s(m, pools, opt, cache);
+  std::vector<float> out = s.prefill(prompt);
+  for (int32_t t : teacher) {
+    std::vector<float> l = s.decode(t);
+    out.insert(out.end(), l.begin(), l.end());
+  }
+  if (hit) *hit = s.cache_hit();
+  return out;
 }
 
 // prefill + a few teacher-forced steps; every logits row
@@ -87,24 +102,37 @@ TEST(PrefixCacheRam, BranchesNeverSeeEachOthersTokens) {
   EXPECT_EQ(ly, ey);
 }
 
+// Replay keeps only the global rows and re-runs the last window of cached tokens, so it is
+// approximate by design (docs/state.md): each re-run token attends to a window that starts at the
+// replay. On this 300-token prompt (256 cached) and 32 teacher-forced steps the measured deviation
+// from the cold run is a relative L2 of 0.272 with 21 of 33 argmaxes equal; the bars sit a little
+// above that. A replay that restored the wrong global rows looks like a cold run whose cached 256
+// tokens differ: measured 0.776 and 1 of 33, which the bars must reject.
 TEST(PrefixCacheRam, ReplayRerunsAtMostAWindow) {
   const Model& m = tiny();
+  const int64_t V = m.config().vocab_size;
   StatePools pools(m.config(), m.roles());
   PrefixCache cache(m, pools, CacheMode::Replay, 64 << 20, "");
-  const std::vector<int32_t> prompt = ids(300, 8);
+  const std::vector<int32_t> prompt = ids(300, 8), teacher = ids(32, 99);
   run(m, pools, &cache, prompt);
   CacheHit hit;
-  std::vector<float> warm = run(m, pools, &cache, prompt, &hit), cold = run(m, pools, nullptr, prompt);
+  const std::vector<float> warm = run_teacher(m, pools, &cache, prompt, teacher, &hit);
+  const std::vector<float> cold = run_teacher(m, pools, nullptr, prompt, teacher);
   EXPECT_EQ(hit.source, "ram");
   EXPECT_EQ(hit.cached_tokens, 256);
   EXPECT_EQ(hit.replayed_tokens, m.config().window_size);
-  // Approximate, within the deviation measured in docs/state.md (relative L2 ≈ 0.25 on this model).
-  double num = 0, den = 0;
-  for (size_t i = 0; i < cold.size(); ++i) {
-    num += (warm[i] - cold[i]) * (warm[i] - cold[i]);
-    den += cold[i] * cold[i];
-  }
-  EXPECT_LT(std::sqrt(num / den), 0.6);
+  constexpr double kMaxRelL2 = 0.33;
+  constexpr int kMinSameTop1 = 17;
+  const test::Deviation d = test::deviation(warm, cold, V);
+  std::vector<int32_t> other = ids(256, 1234);
+  other.insert(other.end(), prompt.begin() + 256, prompt.end());
+  const test::Deviation wrong = test::deviation(run_teacher(m, pools, nullptr, other, teacher), cold, V);
+  std::printf("[replay] relative L2 %.3f, top-1 %d of %d; with another cached prefix %.3f, %d of %d\n", d.rel_l2,
+              d.same_top1, d.rows, wrong.rel_l2, wrong.same_top1, wrong.rows);
+  EXPECT_LT(d.rel_l2, kMaxRelL2);
+  EXPECT_GE(d.same_top1, kMinSameTop1);
+  EXPECT_GT(wrong.rel_l2, kMaxRelL2);
+  EXPECT_LT(wrong.same_top1, kMinSameTop1);
 }
 
 TEST(PrefixCacheRam, PagesReturnToBaselineAfterManyRequestsAndEvictions) {

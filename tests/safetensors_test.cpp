@@ -17,10 +17,6 @@
 #include "io/safetensors_writer.h"
 #include "util/error.h"
 
-#ifndef DSV41_SHARED_DIR
-#define DSV41_SHARED_DIR "/work/shared"
-#endif
-
 namespace dsv41 {
 namespace {
 
@@ -311,7 +307,7 @@ TEST(SafetensorsFile, ViewsPointIntoTheMappingUnaligned) {
 }
 
 TEST(SafetensorsGolden, TinyDenseCheckpoint) {
-  const std::string dir = std::string(DSV41_SHARED_DIR) + "/golden/tiny-dense";
+  const std::string dir = std::string(DSV41_SOURCE_DIR) + "/tests/golden/tiny-dense";
   Checkpoint ckpt(dir);
   EXPECT_EQ(ckpt.tensor_count(), 411u);
   EXPECT_EQ(ckpt.names().size(), 411u);
@@ -329,10 +325,30 @@ TEST(SafetensorsGolden, TinyDenseCheckpoint) {
 }
 
 TEST(SafetensorsGolden, OpensOneShardDirectly) {
-  const std::string shard = std::string(DSV41_SHARED_DIR) + "/golden/tiny-dense/model-00001-of-00002.safetensors";
+  const std::string shard = std::string(DSV41_SOURCE_DIR) + "/tests/golden/tiny-dense/model-00001-of-00002.safetensors";
   Checkpoint ckpt(shard);
   EXPECT_GT(ckpt.tensor_count(), 0u);
   EXPECT_LT(ckpt.tensor_count(), 411u);
+}
+
+// tiny-sparse stores no weights of its own: its shards and index are relative links to tiny-dense's
+// identical files (tests/golden/README.md). The reader must follow them and see the same tensors.
+TEST(SafetensorsGolden, TinySparseReadsTheSharedWeightsThroughItsLinks) {
+  const fs::path golden = fs::path(DSV41_SOURCE_DIR) / "tests" / "golden";
+  for (const char* f : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                        "model.safetensors.index.json"}) {
+    EXPECT_TRUE(fs::is_symlink(golden / "tiny-sparse" / f)) << f;
+    EXPECT_TRUE(fs::equivalent(golden / "tiny-sparse" / f, golden / "tiny-dense" / f)) << f;
+  }
+  const Checkpoint dense((golden / "tiny-dense").string()), sparse((golden / "tiny-sparse").string());
+  ASSERT_EQ(sparse.tensor_count(), 411u);
+  for (const std::string& name : dense.names()) {
+    const TensorView& a = dense.get(name);
+    const TensorView& b = sparse.get(name);
+    ASSERT_EQ(a.nbytes(), b.nbytes()) << name;
+    EXPECT_EQ(0, std::memcmp(a.data, b.data, a.nbytes())) << name;
+    EXPECT_NE(b.file->find("tiny-sparse"), std::string::npos) << *b.file;  // opened through the link
+  }
 }
 
 // ---- writing ------------------------------------------------------------------------------------

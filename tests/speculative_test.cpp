@@ -3,6 +3,7 @@
 // had never run, and sampling that keeps the target's distribution.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -162,7 +163,21 @@ TEST(Speculative, RollbackAtEveryPositionRestoresEveryStateClass) {
       Decoded b = speculative(prompt, 40, opt, {}, k == 1 || prompt_len == 37 ? check : std::function<void(Session&)>{});
       EXPECT_EQ(b.tokens, truth.tokens) << prompt_len << " " << k;
       EXPECT_EQ(b.rows, truth.rows) << prompt_len << " " << k;
-      EXPECT_EQ(b.stats.accepted, k * b.stats.steps - (k > 0 ? 1 : 0) * 0) << "every step accepts exactly k";
+      // Every step accepts exactly the k right drafts and adds the target's own token, so the 39
+      // tokens after the prefill's take ceil(39 / (k + 1)) steps of one verify forward each; the
+      // forced drafts run out near the end of `truth` (never below k of them).
+      const int64_t steps = (39 + k) / (k + 1);
+      int64_t proposed = 0;
+      for (int64_t st = 0; st < steps; ++st) proposed += std::min<int64_t>(4, 39 - st * (k + 1));
+      EXPECT_EQ(b.stats.steps, steps) << prompt_len << " " << k;
+      EXPECT_EQ(b.stats.target_forwards, steps) << prompt_len << " " << k;
+      EXPECT_EQ(b.stats.proposed, proposed) << prompt_len << " " << k;
+      EXPECT_EQ(b.stats.accepted, k * steps) << prompt_len << " " << k;
+      EXPECT_EQ(b.stats.emitted, (k + 1) * steps) << prompt_len << " " << k;
+      ASSERT_EQ(b.stats.accepted_per_position.size(), 4u);
+      for (int j = 0; j < 4; ++j) {
+        EXPECT_EQ(b.stats.accepted_per_position[j], j < k ? steps : 0) << prompt_len << " " << k << " position " << j;
+      }
     }
   }
 }
@@ -217,17 +232,87 @@ TEST(Speculative, RejectionSamplingPreservesTheTargetDistribution) {
   EXPECT_NEAR(static_cast<double>(accepted) / trials, 1 - tv, 0.02);  // the acceptance rate is 1 − TV
 }
 
-// With sampling on, speculation changes which random numbers are drawn but not what is sampled from:
-// statistics only; here, it runs, accepts some forced drafts and stops where told.
+// With sampling on, speculation changes which random numbers are drawn but not what is sampled from,
+// so the tokens differ from plain sampling's (the statistics are RejectionSampling...'s). What must
+// hold for a sampled run: it stops where told, each emitted row is exactly the target's row for the
+// tokens kept before it (a plain session teacher-forced with them gives the same rows bit for bit, so
+// no rejected draft leaked into the state), each token lies in its row's top-p nucleus, and the same
+// seed gives the same tokens. Two kinds of drafts: the drafter's own samples at temperature 0.8 (a
+// random tiny drafter against a flat target: nearly all rejected), and the target's own greedy
+// continuation of the kept tokens at temperature 0.1, which the target often but not always samples,
+// so steps accept some drafts and reject others.
 TEST(Speculative, SamplingRunsWithForcedDrafts) {
-  SamplingParams sp{0.8, 0.95, 5};
+  const Model& m = tiny();
+  const int64_t V = m.config().vocab_size;
   const std::vector<int32_t> prompt = ids(20, 41);
-  Decoded a = plain(prompt, 25, sp);
-  SpeculativeOptions opt;
-  opt.force_drafts = [&](int64_t, const std::vector<int32_t>& drafted) { return drafted; };
-  Decoded b = speculative(prompt, 25, opt, sp);
-  EXPECT_EQ(b.tokens.size(), 25u);
-  EXPECT_EQ(a.tokens[0], b.tokens[0]);  // the first token comes from the prefill, before any draft
+  struct Case {
+    const char* name;
+    SamplingParams sp;
+    bool greedy_drafts;
+  };
+  for (const Case& c : {Case{"drafter's drafts", {0.8, 0.95, 5}, false}, Case{"greedy drafts", {0.1, 0.95, 5}, true}}) {
+    const auto run = [&] {
+      Drafter drafter(m);
+      Session s(m, test::pools_for(m), {});
+      attach_drafter(s, drafter);
+      Sampler sampler(c.sp);
+      int32_t next = 0;
+      SpeculativeOptions opt;
+      opt.force_drafts = [&](int64_t, const std::vector<int32_t>& drafted) {
+        if (!c.greedy_drafts) return drafted;
+        std::vector<int32_t> h = s.history();  // the kept tokens; `next` is not run yet
+        h.push_back(next);
+        Session g(m, test::pools_for(m), {});
+        std::vector<float> l = g.prefill(h);
+        std::vector<int32_t> d;
+        for (int j = 0; j < 4; ++j) {
+          d.push_back(argmax(l.data(), V));
+          if (j < 3) l = g.decode(d.back());
+        }
+        return d;
+      };
+      SpeculativeDecoder spec(s, drafter, sampler, opt);
+      Decoded out;
+      out.rows = s.prefill(prompt);
+      next = sampler.sample(out.rows.data(), V);
+      out.tokens.push_back(next);
+      while (out.tokens.size() < 25) {
+        const SpeculativeDecoder::Step st = spec.step(next);
+        for (size_t i = 0; i < st.tokens.size() && out.tokens.size() < 25; ++i) {
+          out.tokens.push_back(st.tokens[i]);
+          out.rows.insert(out.rows.end(), st.rows.begin() + static_cast<long>(i) * V, st.rows.begin() + static_cast<long>(i + 1) * V);
+          next = st.tokens[i];
+        }
+      }
+      out.stats = spec.stats();
+      return out;
+    };
+    const Decoded a = plain(prompt, 25, c.sp);
+    const Decoded b = run();
+    ASSERT_EQ(b.tokens.size(), 25u) << c.name;
+    ASSERT_EQ(b.rows.size(), 25u * static_cast<size_t>(V)) << c.name;
+    EXPECT_EQ(a.tokens[0], b.tokens[0]) << c.name;  // the first token comes from the prefill, before any draft
+    std::printf("[spec] sampling, %s: %lld proposed, %lld accepted in %lld steps\n", c.name,
+                static_cast<long long>(b.stats.proposed), static_cast<long long>(b.stats.accepted),
+                static_cast<long long>(b.stats.steps));
+    EXPECT_LT(b.stats.accepted, b.stats.proposed) << c.name;
+    if (c.greedy_drafts) {
+      EXPECT_GT(b.stats.accepted, 0) << c.name;
+    }
+    EXPECT_EQ(b.stats.emitted, b.stats.accepted + b.stats.steps) << c.name;
+    EXPECT_EQ(b.stats.target_forwards, b.stats.steps) << c.name;
+
+    Session ref(m, test::pools_for(m), {});
+    std::vector<float> row = ref.prefill(prompt);
+    Sampler nucleus(c.sp);
+    for (size_t i = 0; i < b.tokens.size(); ++i) {
+      ASSERT_EQ(row, std::vector<float>(b.rows.begin() + static_cast<long>(i) * V, b.rows.begin() + static_cast<long>(i + 1) * V))
+          << c.name << ", row " << i;
+      EXPECT_GT(nucleus.distribution(row.data(), V)[static_cast<size_t>(b.tokens[i])], 0.0) << c.name << ", token " << i;
+      if (i + 1 < b.tokens.size()) row = ref.decode(b.tokens[i]);
+    }
+    EXPECT_EQ(run().tokens, b.tokens) << c.name;
+  }
 }
 
 }  // namespace

@@ -1,23 +1,28 @@
 // Small helpers shared by the test files.
 #pragma once
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "io/config.h"
 #include "model/model.h"
 #include "model/synthetic_checkpoint.h"
+#include "runtime/sampler.h"
 #include "state/state_pools.h"
 
 namespace dsv41::test {
 
-inline std::string shared_dir() { return DSV41_SHARED_DIR; }
-inline std::string released_config() { return shared_dir() + "/models/deepseek-v4.1-flash/config.json"; }
-inline std::string golden_dir(const std::string& name) { return shared_dir() + "/golden/" + name; }
+// The data the tests read lives in the project (tests/golden/README.md, configs/README.md), so a
+// fresh clone needs nothing beside it.
+inline std::string source_dir() { return DSV41_SOURCE_DIR; }
+inline std::string released_config() { return source_dir() + "/configs/deepseek-v4.1-flash/config.json"; }
+inline std::string golden_dir(const std::string& name) { return source_dir() + "/tests/golden/" + name; }
 
 // A fresh empty folder under the system temp dir, removed when the object goes away.
 class TempDir {
@@ -79,6 +84,24 @@ inline StatePools& pools_for(const Model& model) {
   auto& p = pools[config_fingerprint(model.config())];
   if (!p) p = std::make_unique<StatePools>(model.config(), model.roles());
   return *p;
+}
+
+// Relative L2 distance of the logits rows `a` from `ref`, and in how many rows their argmaxes agree.
+struct Deviation {
+  double rel_l2 = 0;
+  int same_top1 = 0, rows = 0;
+};
+inline Deviation deviation(const std::vector<float>& a, const std::vector<float>& ref, int64_t vocab) {
+  Deviation d;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    num += (a[i] - ref[i]) * (a[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  d.rel_l2 = std::sqrt(num / den);
+  d.rows = static_cast<int>(static_cast<int64_t>(ref.size()) / vocab);
+  for (int r = 0; r < d.rows; ++r) d.same_top1 += argmax(&a[r * vocab], vocab) == argmax(&ref[r * vocab], vocab);
+  return d;
 }
 
 }  // namespace dsv41::test

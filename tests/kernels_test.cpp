@@ -1,4 +1,4 @@
-// Tests of the scalar reference kernels (src/kernels) against slow formulations written here from
+// Tests of the ops' scalar references (kernels/reference.h) against slow formulations written here from
 // model-spec §3.1: dequantized weight tables, plain double sums, a two-pass attention over the same
 // chunking, Sinkhorn in double, and top-k by a full stable sort; RoPE against the reference's fp32
 // tables and rotations computed offline with NumPy (tests/rope_expected.h). Where the kernel's
@@ -17,9 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "kernels/kernels.h"
+#include "kernels/reference.h"
 #include "numeric/formats.h"
 #include "numeric/quant.h"
+#include "numeric/row_codecs.h"
 #include "rope_expected.h"
 
 namespace {
@@ -27,6 +28,11 @@ namespace {
 using namespace dsv41;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// One rope row rotated at `pos` by the reference.
+void rotate(const RopeTable& t, float* x, int64_t pos, bool inverse) {
+  reference::rope(t, RotaryRows{x, 1, t.dim(), 1, pos, 0}, inverse);
+}
 
 uint32_t bits(float x) { return std::bit_cast<uint32_t>(x); }
 bool same_bits(float a, float b) { return bits(a) == bits(b); }
@@ -107,7 +113,7 @@ TEST(KernelsLinear, Fp8HandComputed) {
   const uint8_t scale[2] = {126, 125};  // e8m0: 0.5 for K block 0, 0.25 for K block 1
   Fp8Matrix mat{w.data(), scale, 2, 64};
   float y[4];
-  linear_fp8(x.data(), 2, mat, y);
+  reference::linear_fp8(x.data(), 2, mat, y);
   // y0 = (16·1·1.5 + 16·(-2)·1.5)·0.5 + 32·0.25·1·0.25 = -12 + 2
   // y1 = (16·1·2)·0.5 + 32·0.25·0.5·0.25 = 16 + 1
   EXPECT_EQ(y[0], -10.0f);
@@ -137,7 +143,7 @@ TEST(KernelsLinear, Fp8MatchesDequantizedTables) {
   std::vector<uint8_t> ws(sn * sk);
   for (auto& c : ws) c = static_cast<uint8_t>(scode(rng));
   std::vector<float> y(m * n);
-  linear_fp8(x.data(), m, Fp8Matrix{w.data(), ws.data(), n, k}, y.data());
+  reference::linear_fp8(x.data(), m, Fp8Matrix{w.data(), ws.data(), n, k}, y.data());
 
   // Slow: weight table wd[n][k] = e4m3(code)·scale[n/32][k/32].
   std::vector<float> wd(n * k);
@@ -173,7 +179,7 @@ TEST(KernelsLinear, Fp4MatchesDequantizedTables) {
   std::vector<uint8_t> ws(n * (k / 32));
   for (auto& c : ws) c = static_cast<uint8_t>(scode(rng));
   std::vector<float> y(m * n);
-  linear_fp4(x.data(), m, Fp4Matrix{packed.data(), ws.data(), n, k}, y.data());
+  reference::linear_fp4(x.data(), m, Fp4Matrix{packed.data(), ws.data(), n, k}, y.data());
 
   Mismatches mm;
   for (int64_t i = 0; i < m; ++i) {
@@ -204,8 +210,8 @@ TEST(KernelsLinear, Bf16AndF32) {
   for (auto& b : w) b = bf16_from_f32(dist(rng) * 0.1f);
   const Bf16Matrix mat{w.data(), n, k};
   std::vector<float> yb(m * n), yf(m * n);
-  linear_bf16(xb.data(), m, mat, yb.data());
-  linear_f32(xf.data(), m, mat, yf.data());
+  reference::linear_bf16(xb.data(), m, mat, yb.data());
+  reference::linear_f32(xf.data(), m, mat, yf.data());
 
   Mismatches mm;
   for (int64_t i = 0; i < m; ++i) {
@@ -242,8 +248,8 @@ TEST(KernelsNorm, RmsNorm) {
   for (auto& b : w) b = bf16_from_f32(dist(rng));
   const float eps = 1e-20f;
   std::vector<float> y32(n), y16(n);
-  rms_norm(x.data(), n, w.data(), eps, y32.data(), false);
-  rms_norm(x.data(), n, w.data(), eps, y16.data(), true);
+  reference::rms_norm(x.data(), 1, n, w.data(), eps, y32.data(), false);
+  reference::rms_norm(x.data(), 1, n, w.data(), eps, y16.data(), true);
 
   // fp32 as defined: index-order sum of fp32 squares, / n, 1/sqrt, x·rstd, then weight·(x·rstd).
   float ss = 0.0f;
@@ -267,7 +273,7 @@ TEST(KernelsNorm, RmsNorm) {
 
   // An all-zero vector stays zero (eps keeps the rsqrt finite).
   std::vector<float> z(64, 0.0f), zy(64, 1.0f);
-  rms_norm(z.data(), 64, w.data(), eps, zy.data(), true);
+  reference::rms_norm(z.data(), 1, 64, w.data(), eps, zy.data(), true);
   for (float v : zy) EXPECT_EQ(v, 0.0f);
 }
 
@@ -404,7 +410,7 @@ TEST(KernelsRope, RotationsEqualTheReferenceFp32Rotation) {
     for (size_t p = 0; p < c.n_positions; ++p) {
       for (const bool inverse : {false, true}) {
         std::vector<float> got = x;
-        t.apply(got.data(), c.positions[p], inverse);
+        rotate(t, got.data(), c.positions[p], inverse);
         const uint16_t* want = (inverse ? c.inverse : c.forward) + p * static_cast<size_t>(c.dim);
         for (int64_t i = 0; i < c.dim; ++i) {
           mm.check(bf16_from_f32(got[i]) == want[i] && got[i] == round_bf16(got[i]),
@@ -457,11 +463,11 @@ TEST(KernelsRope, InverseUndoesForwardAndPositionZeroIsTheIdentity) {
     for (int rep = 0; rep < 4; ++rep) {
       const std::vector<float> x = random_bf16(rng, 64, 3.0f);
       std::vector<float> y = x;
-      t.apply(y.data(), pos, false);
+      rotate(t, y.data(), pos, false);
       if (pos == 0) {
         for (size_t i = 0; i < 64; ++i) mm.check(same_bits(y[i], x[i]), "position 0 is the identity");
       }
-      t.apply(y.data(), pos, true);
+      rotate(t, y.data(), pos, true);
       for (size_t i = 0; i < 32; ++i) {
         const double r = std::hypot(static_cast<double>(x[2 * i]), static_cast<double>(x[2 * i + 1]));
         const double tol = 2.0 * std::ldexp(r, -8) + 1e-30;
@@ -476,26 +482,65 @@ TEST(KernelsRope, InverseUndoesForwardAndPositionZeroIsTheIdentity) {
 
 // ---- sparse attention ---------------------------------------------------------------------------
 
+// The op reads packed rows; the slow formulation below reads their values. A pool of rows is kept
+// in both packed formats, each with its decoded values; a list names decoded rows (c.rows), and
+// packed() gives the op the same rows packed — the first `window` entries of a list in the window
+// format, the rest as compressed rows, as the model lays a query's list out.
 struct AttnCase {
   int64_t heads = 4, d = 64;
-  std::vector<float> q, pool, sink;
+  std::vector<float> q, sink;
+  std::vector<float> window_values, compressed_values;          // [pool rows, d] each
+  std::vector<uint8_t> window_packed, compressed_packed;        // the same rows packed
   std::vector<const float*> rows;
+  size_t window = 0;  // entries of `rows` in the window format
   float scale = 0.125f;
 };
 
+// The packed list of `rows` (values from c's pools): entries before `window` window rows, the rest
+// compressed rows; `storage` holds the pointers.
+KvRows packed(const AttnCase& c, const std::vector<const float*>& rows, size_t window,
+              std::vector<const uint8_t*>& storage) {
+  storage.clear();
+  for (size_t j = 0; j < rows.size(); ++j) {
+    if (rows[j] == nullptr) {
+      storage.push_back(nullptr);
+      continue;
+    }
+    const bool w = j < window;
+    const float* base = w ? c.window_values.data() : c.compressed_values.data();
+    const int64_t r = (rows[j] - base) / c.d;
+    storage.push_back(w ? &c.window_packed[static_cast<size_t>(r * window_row_bytes(c.d))]
+                        : &c.compressed_packed[static_cast<size_t>(r * main_kv_bytes(c.d))]);
+  }
+  const int64_t nw = static_cast<int64_t>(std::min(window, rows.size()));
+  return {storage.data(), nw, storage.data() + nw, static_cast<int64_t>(rows.size()) - nw};
+}
+
 // Rows of growing magnitude so the running max rises from chunk to chunk (exercising the rescale
-// and the bf16 rounding of P relative to a running max that is not the final one).
-AttnCase make_attn_case(std::mt19937& rng, size_t list_len, double null_fraction) {
+// and the bf16 rounding of P relative to a running max that is not the final one). The first
+// `window` entries come from the window-format pool, the rest from the compressed one.
+AttnCase make_attn_case(std::mt19937& rng, size_t list_len, double null_fraction, size_t window) {
   AttnCase c;
   c.q = random_bf16(rng, c.heads * c.d);
   const size_t pool_rows = 97;
-  c.pool.resize(pool_rows * c.d);
+  c.window_values.resize(pool_rows * c.d);
+  c.compressed_values.resize(pool_rows * c.d);
+  c.window_packed.resize(pool_rows * static_cast<size_t>(window_row_bytes(c.d)));
+  c.compressed_packed.resize(pool_rows * static_cast<size_t>(main_kv_bytes(c.d)));
   std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> row(static_cast<size_t>(c.d));
   for (size_t r = 0; r < pool_rows; ++r) {
     const float mag = 0.5f + 1.5f * static_cast<float>(r) / static_cast<float>(pool_rows);
-    for (int64_t i = 0; i < c.d; ++i) c.pool[r * c.d + i] = round_bf16(dist(rng) * mag);
+    for (auto& v : row) v = round_bf16(dist(rng) * mag);
+    uint8_t* w = &c.window_packed[r * static_cast<size_t>(window_row_bytes(c.d))];
+    uint8_t* m = &c.compressed_packed[r * static_cast<size_t>(main_kv_bytes(c.d))];
+    pack_window_row(row.data(), c.d, w);
+    unpack_window_row(w, c.d, &c.window_values[r * c.d]);
+    pack_main_kv_row(row.data(), c.d, m);
+    unpack_main_kv_row(m, c.d, &c.compressed_values[r * c.d]);
   }
   c.sink = random_bf16(rng, c.heads);
+  c.window = window;
   std::uniform_real_distribution<double> u(0.0, 1.0);
   std::uniform_int_distribution<int> jitter(-10, 10);
   for (size_t j = 0; j < list_len; ++j) {
@@ -504,16 +549,19 @@ AttnCase make_attn_case(std::mt19937& rng, size_t list_len, double null_fraction
       continue;
     }
     const long r = std::clamp<long>(static_cast<long>(j * pool_rows / list_len) + jitter(rng), 0, pool_rows - 1);
-    c.rows.push_back(c.pool.data() + r * c.d);
+    c.rows.push_back((j < window ? c.window_values.data() : c.compressed_values.data()) + r * c.d);
   }
   return c;
 }
 
-std::vector<float> run_attn(const AttnCase& c, const std::vector<const float*>& rows) {
+std::vector<float> run_attn(const AttnCase& c, const std::vector<const float*>& rows, size_t window) {
   std::vector<float> out(c.heads * c.d, -7.0f);
-  sparse_attention(c.q.data(), c.heads, c.d, rows, c.sink.data(), c.scale, out.data());
+  std::vector<const uint8_t*> storage;
+  reference::sparse_attention(c.q.data(), c.heads, c.d, packed(c, rows, window, storage), c.sink.data(), c.scale,
+                              out.data());
   return out;
 }
+std::vector<float> run_attn(const AttnCase& c) { return run_attn(c, c.rows, c.window); }
 
 // Two passes over the same 64-entry chunks: first the logits and the running max after each chunk,
 // then numerator and denominator in double relative to the final max. P·V uses each entry's
@@ -553,8 +601,8 @@ std::vector<double> two_pass_attn(const AttnCase& c) {
 TEST(KernelsAttention, MatchesTwoPass) {
   std::mt19937 rng(606);
   for (const size_t len : {1u, 63u, 64u, 65u, 150u, 300u}) {
-    const AttnCase c = make_attn_case(rng, len, len == 1 ? 0.0 : 0.15);
-    const std::vector<float> got = run_attn(c, c.rows);
+    const AttnCase c = make_attn_case(rng, len, len == 1 ? 0.0 : 0.15, len / 3);
+    const std::vector<float> got = run_attn(c);
     const std::vector<double> want = two_pass_attn(c);
     Mismatches mm;
     for (size_t i = 0; i < got.size(); ++i) {
@@ -571,18 +619,18 @@ TEST(KernelsAttention, MatchesTwoPass) {
 
 TEST(KernelsAttention, EmptyListsGiveZeros) {
   std::mt19937 rng(707);
-  AttnCase c = make_attn_case(rng, 0, 0.0);
+  AttnCase c = make_attn_case(rng, 0, 0.0, 0);
   c.sink = {0.0f, 30.0f, -30.0f, 1e4f};
   for (const size_t len : {0u, 1u, 64u, 130u}) {
     const std::vector<const float*> rows(len, nullptr);
-    for (float v : run_attn(c, rows)) EXPECT_TRUE(same_bits(v, 0.0f)) << len;
+    for (float v : run_attn(c, rows, len / 2)) EXPECT_TRUE(same_bits(v, 0.0f)) << len;
   }
 }
 
 TEST(KernelsAttention, NullChunksContributeNothing) {
   std::mt19937 rng(808);
-  const AttnCase c = make_attn_case(rng, 100, 0.1);
-  const std::vector<float> base = run_attn(c, c.rows);
+  const AttnCase c = make_attn_case(rng, 100, 0.1, 100);  // all window rows: the lists below shift them
+  const std::vector<float> base = run_attn(c);
   // A whole chunk of empty slots before the list (as at decode steps p <= 63), and empty slots
   // appended after it: the state is untouched bit for bit, because the max floor is finite.
   std::vector<const float*> prefixed(64, nullptr);
@@ -592,7 +640,7 @@ TEST(KernelsAttention, NullChunksContributeNothing) {
   std::vector<const float*> both(128, nullptr);
   both.insert(both.end(), suffixed.begin(), suffixed.end());
   for (const auto* list : {&prefixed, &suffixed, &both}) {
-    const std::vector<float> got = run_attn(c, *list);
+    const std::vector<float> got = run_attn(c, *list, list->size());
     Mismatches mm;
     for (size_t i = 0; i < got.size(); ++i) mm.check(same_bits(got[i], base[i]), "out[" + std::to_string(i) + "]");
   }
@@ -601,15 +649,15 @@ TEST(KernelsAttention, NullChunksContributeNothing) {
 TEST(KernelsAttention, SingleRowAndChunkOrder) {
   // One valid row with a sink far below its logit: the output is that row (p = 1 exactly).
   std::mt19937 rng(909);
-  AttnCase c = make_attn_case(rng, 1, 0.0);
+  AttnCase c = make_attn_case(rng, 1, 0.0, 1);
   c.sink.assign(c.heads, -1000.0f);
-  const std::vector<float> out = run_attn(c, c.rows);
+  const std::vector<float> out = run_attn(c);
   for (int64_t h = 0; h < c.heads; ++h) {
     for (int64_t i = 0; i < c.d; ++i) EXPECT_TRUE(same_bits(out[h * c.d + i], c.rows[0][i]));
   }
   // Two identical rows: the mean of one row with itself is the row again.
   const std::vector<const float*> twice = {c.rows[0], nullptr, c.rows[0]};
-  const std::vector<float> out2 = run_attn(c, twice);
+  const std::vector<float> out2 = run_attn(c, twice, twice.size());
   for (size_t i = 0; i < out2.size(); ++i) EXPECT_NEAR(out2[i], out[i], bf16_ulp(out[i]) + 1e-30);
 }
 
@@ -627,7 +675,7 @@ TEST(KernelsHc, SinkhornMatchesDouble) {
     const float scale3[3] = {0.5f + 0.1f * static_cast<float>(rep), 1.0f, 2.0f};
     for (const int iters : {1, 2, 20}) {
       float pre[hc], post[hc], comb[hc * hc];
-      hc_split_sinkhorn(mixes.data(), scale3, base.data(), hc, iters, eps, pre, post, comb);
+      reference::hc_split_sinkhorn(mixes.data(), scale3, base.data(), hc, iters, eps, pre, post, comb);
 
       // Slow: the same steps in double.
       const auto sig = [](double v) { return 1.0 / (1.0 + std::exp(-v)); };
@@ -684,7 +732,7 @@ TEST(KernelsHc, SinkhornIsDoublyStochastic) {
     for (auto& v : base) v = dist(rng);
     const float scale3[3] = {1.0f, 1.0f, 1.0f};
     float pre[hc], post[hc], comb[hc * hc];
-    hc_split_sinkhorn(mixes.data(), scale3, base.data(), hc, 20, 1e-6f, pre, post, comb);
+    reference::hc_split_sinkhorn(mixes.data(), scale3, base.data(), hc, 20, 1e-6f, pre, post, comb);
     for (int c = 0; c < hc; ++c) {
       EXPECT_GT(pre[c], 0.0f);
       EXPECT_LT(pre[c], 1.0f + 2e-6f);
@@ -718,13 +766,13 @@ std::vector<int32_t> slow_topk(const std::vector<float>& s, int64_t k) {
 
 TEST(KernelsSelect, TopkTiesAndEdges) {
   const std::vector<float> hand = {1.0f, 3.0f, 3.0f, 2.0f, 3.0f};
-  EXPECT_EQ(topk_ascending(hand.data(), 5, 2), (std::vector<int32_t>{1, 2}));
-  EXPECT_EQ(topk_ascending(hand.data(), 5, 4), (std::vector<int32_t>{1, 2, 3, 4}));
-  EXPECT_TRUE(topk_ascending(hand.data(), 5, 0).empty());
-  EXPECT_EQ(topk_ascending(hand.data(), 5, 5), (std::vector<int32_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(reference::topk_ascending(hand.data(), 5, 2), (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(reference::topk_ascending(hand.data(), 5, 4), (std::vector<int32_t>{1, 2, 3, 4}));
+  EXPECT_TRUE(reference::topk_ascending(hand.data(), 5, 0).empty());
+  EXPECT_EQ(reference::topk_ascending(hand.data(), 5, 5), (std::vector<int32_t>{0, 1, 2, 3, 4}));
   // Fewer finite scores than k: the lowest-index -inf entries fill up.
   const std::vector<float> sparse = {-kInf, 0.5f, -kInf, -kInf, 2.0f, -kInf};
-  EXPECT_EQ(topk_ascending(sparse.data(), 6, 4), (std::vector<int32_t>{0, 1, 2, 4}));
+  EXPECT_EQ(reference::topk_ascending(sparse.data(), 6, 4), (std::vector<int32_t>{0, 1, 2, 4}));
 
   std::mt19937 rng(1212);
   std::uniform_int_distribution<int> small(0, 5);
@@ -733,7 +781,7 @@ TEST(KernelsSelect, TopkTiesAndEdges) {
     for (auto& v : s) v = static_cast<float>(small(rng)) * 0.25f;  // many ties
     for (const int64_t k : {int64_t{0}, int64_t{1}, n / 3, n - 1, n}) {
       if (k < 0) continue;
-      EXPECT_EQ(topk_ascending(s.data(), n, k), slow_topk(s, k)) << "n " << n << " k " << k;
+      EXPECT_EQ(reference::topk_ascending(s.data(), n, k), slow_topk(s, k)) << "n " << n << " k " << k;
     }
   }
 }

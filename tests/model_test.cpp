@@ -8,7 +8,7 @@
 #include <map>
 #include <set>
 
-#include "kernels/kernels.h"
+#include "kernels/reference.h"
 #include "model/attention.h"
 #include "model/engram.h"
 #include "model/model.h"
@@ -188,10 +188,14 @@ TEST(ModelRoles, ReadingUnpublishedStateFails) {
   ctx.count = 4;
   ctx.topk.resize(m.roles().size());
   ctx.topk_written.assign(m.roles().size(), false);
-  std::vector<float> x(static_cast<size_t>(4 * c.dim), 0.01f), out(x.size());
+  std::vector<float> x(static_cast<size_t>(4 * c.dim), 0.01f);
   RopeTable rope(c.rope_head_dim, c.original_seq_len, c.compress_rope_theta, c.rope_factor, c.beta_fast, c.beta_slow);
+  const LayerRole& role = m.roles()[reuse];
+  const AttentionWeights& w = m.weights().layers[reuse].attn;
+  AttentionProjection p = project_attention(m.backend(), c, role, w, x.data(), ctx.count, false);
+  std::vector<float> o(static_cast<size_t>(4 * c.n_heads * c.head_dim));
   try {
-    attention_forward(c, m.roles()[reuse], m.weights().layers[reuse].attn, rope, x.data(), ctx, st, out.data());
+    attention_core(m.backend(), c, role, w, rope, sequence_rows(c, p, 0), ctx, st, o.data());
     FAIL() << "a Reuse layer read a top-k nobody published";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("read before"), std::string::npos) << e.what();
@@ -219,7 +223,7 @@ TEST(KernelsCandidates, MatchesASlowFormulation) {
     std::vector<float> s(static_cast<size_t>(n));
     for (int64_t t = 0; t < n; ++t) s[t] = t < visible ? std::round(u(rng) * 4) / 4 : ninf;  // ties too
     std::vector<uint8_t> got(static_cast<size_t>(n), 0);
-    for (int32_t b : select_candidate_blocks(s.data(), n, visible, topk, bs))
+    for (int32_t b : reference::select_candidate_blocks(s.data(), n, visible, topk, bs))
       for (int64_t t = b * bs; t < std::min(n, (b + 1) * bs); ++t) got[t] = 1;
     // slow: rank blocks by (score, lower index first), pinned block first
     const int64_t blocks = (n + bs - 1) / bs;

@@ -60,7 +60,7 @@ std::vector<float> run(const Model& m, StatePools& pools, PrefixCache* cache, co
 
 TEST(PrefixCacheRam, ExactRestoreIsBitIdenticalAndSharesPages) {
   const Model& m = tiny();
-  StatePools pools(m.config(), m.roles());
+  StatePools pools(m.config(), m.roles(), m.backend().allocator());
   PrefixCache cache(m, pools, CacheMode::Exact, 64 << 20, "");
   const std::vector<int32_t> shared = ids(200, 1);
   const std::vector<int32_t> a = concat(shared, ids(30, 2)), b = concat(shared, ids(45, 3));
@@ -79,7 +79,7 @@ TEST(PrefixCacheRam, ExactRestoreIsBitIdenticalAndSharesPages) {
 // (copy-on-write pages), so each equals a run of the same prompt without any cache.
 TEST(PrefixCacheRam, BranchesNeverSeeEachOthersTokens) {
   const Model& m = tiny();
-  StatePools pools(m.config(), m.roles());
+  StatePools pools(m.config(), m.roles(), m.backend().allocator());
   PrefixCache cache(m, pools, CacheMode::Exact, 64 << 20, "");
   const std::vector<int32_t> shared = ids(130, 4);
   run(m, pools, &cache, concat(shared, ids(3, 5)));  // caches 128 tokens
@@ -111,7 +111,7 @@ TEST(PrefixCacheRam, BranchesNeverSeeEachOthersTokens) {
 TEST(PrefixCacheRam, ReplayRerunsAtMostAWindow) {
   const Model& m = tiny();
   const int64_t V = m.config().vocab_size;
-  StatePools pools(m.config(), m.roles());
+  StatePools pools(m.config(), m.roles(), m.backend().allocator());
   PrefixCache cache(m, pools, CacheMode::Replay, 64 << 20, "");
   const std::vector<int32_t> prompt = ids(300, 8), teacher = ids(32, 99);
   run(m, pools, &cache, prompt);
@@ -137,7 +137,7 @@ TEST(PrefixCacheRam, ReplayRerunsAtMostAWindow) {
 
 TEST(PrefixCacheRam, PagesReturnToBaselineAfterManyRequestsAndEvictions) {
   const Model& m = tiny();
-  StatePools pools(m.config(), m.roles());
+  StatePools pools(m.config(), m.roles(), m.backend().allocator());
   std::mt19937 rng(9);
   {
     // a budget of a few blocks, so most stores evict

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/allocator.h"
 #include "state/page_pool.h"
 #include "state/paged_rows.h"
 #include "state/prefix_tree.h"
@@ -21,6 +22,9 @@
 namespace {
 
 using namespace dsv41;
+
+// Where the pools in these tests take their slabs from.
+HostAllocator host_memory;
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -35,7 +39,7 @@ std::string error_of(const std::function<void()>& f) {
 // PagePool
 
 TEST(PagePool, RefcountsAndAccounting) {
-  PagePool pool("kv", 128, 0);
+  PagePool pool(host_memory, "kv", 128, 0);
   EXPECT_EQ(pool.pages_in_use(), 0u);
   EXPECT_EQ(pool.pages_reserved(), 0u);  // lazy: nothing before the first allocate
   const int32_t a = pool.allocate();
@@ -59,7 +63,7 @@ TEST(PagePool, RefcountsAndAccounting) {
 }
 
 TEST(PagePool, FreeListReuse) {
-  PagePool pool("kv", 64, 0);
+  PagePool pool(host_memory, "kv", 64, 0);
   std::vector<int32_t> pages;
   for (int i = 0; i < 5; ++i) pages.push_back(pool.allocate());
   const size_t reserved = pool.pages_reserved();
@@ -75,7 +79,7 @@ TEST(PagePool, FreeListReuse) {
 
 TEST(PagePool, PagesAre64ByteAlignedAcrossSlabs) {
   // 100-byte pages: the stride is rounded up so every page, not just each slab, stays aligned.
-  PagePool pool("kv", 100, 0);
+  PagePool pool(host_memory, "kv", 100, 0);
   std::vector<int32_t> pages;
   for (int i = 0; i < 3000; ++i) {  // more than one slab
     pages.push_back(pool.allocate());
@@ -89,7 +93,7 @@ TEST(PagePool, PagesAre64ByteAlignedAcrossSlabs) {
 }
 
 TEST(PagePool, OutOfPagesNamesThePool) {
-  PagePool pool("index_k.L20", 64, 2);
+  PagePool pool(host_memory, "index_k.L20", 64, 2);
   EXPECT_TRUE(pool.can_allocate(2));
   EXPECT_FALSE(pool.can_allocate(3));
   const int32_t a = pool.allocate();
@@ -107,7 +111,7 @@ TEST(PagePool, OutOfPagesNamesThePool) {
 }
 
 TEST(PagePool, DoubleReleaseThrowsWithoutCorrupting) {
-  PagePool pool("kv", 64, 0);
+  PagePool pool(host_memory, "kv", 64, 0);
   const int32_t a = pool.allocate();
   const int32_t b = pool.allocate();
   pool.release(a);
@@ -135,7 +139,7 @@ TEST(PagePool, DoubleReleaseThrowsWithoutCorrupting) {
 }
 
 TEST(PagePool, MakeWritableCopiesOnlyShared) {
-  PagePool pool("kv", 64, 3);
+  PagePool pool(host_memory, "kv", 64, 3);
   const int32_t a = pool.allocate();
   std::memset(pool.data(a), 7, 64);
   EXPECT_EQ(pool.make_writable(a), a);  // sole owner: no copy
@@ -159,7 +163,19 @@ TEST(PagePool, MakeWritableCopiesOnlyShared) {
   EXPECT_EQ(pool.pages_in_use(), 0u);
 }
 
-TEST(PagePool, RejectsZeroPageBytes) { EXPECT_THROW(PagePool("kv", 0, 0), Error); }
+TEST(PagePool, RejectsZeroPageBytes) { EXPECT_THROW(PagePool(host_memory, "kv", 0, 0), Error); }
+
+TEST(PagePool, TakesItsSlabsFromItsAllocator) {
+  HostAllocator mine;
+  {
+    PagePool pool(mine, "kv", 64, 0);
+    EXPECT_EQ(mine.bytes_in_use(), 0u) << "nothing is reserved before the first page";
+    pool.allocate();
+    EXPECT_GE(mine.bytes_in_use(), 64u);
+    EXPECT_EQ(pool.pages_reserved() * 64, mine.bytes_in_use()) << "one slab of 64-byte pages";
+  }
+  EXPECT_EQ(mine.bytes_in_use(), 0u) << "the slabs go back when the pool does";
+}
 
 // ---------------------------------------------------------------------------------------------
 // PagedRows
@@ -170,7 +186,7 @@ bool all_equal(const uint8_t* row, size_t n, uint8_t v) {
 }
 
 TEST(PagedRows, AppendAcrossPageBoundaries) {
-  PagePool pool("kv", 64, 0);
+  PagePool pool(host_memory, "kv", 64, 0);
   PagedRows rows(pool, 24);  // 2 rows per page, 16 bytes of each page unused
   EXPECT_EQ(rows.rows_per_page(), 2u);
   for (int i = 0; i < 5; ++i) {
@@ -188,7 +204,7 @@ TEST(PagedRows, AppendAcrossPageBoundaries) {
 }
 
 TEST(PagedRows, RowMustFitAPage) {
-  PagePool pool("kv", 64, 0);
+  PagePool pool(host_memory, "kv", 64, 0);
   EXPECT_NE(error_of([&] { PagedRows r(pool, 65); }).find("does not fit"), std::string::npos);
   EXPECT_THROW(PagedRows(pool, 0), Error);
   PagedRows exact(pool, 64);
@@ -196,7 +212,7 @@ TEST(PagedRows, RowMustFitAPage) {
 }
 
 TEST(PagedRows, RowBoundsErrors) {
-  PagePool pool("kv", 64, 0);
+  PagePool pool(host_memory, "kv", 64, 0);
   PagedRows rows(pool, 16);
   EXPECT_THROW(rows.row(0), Error);
   rows.append();
@@ -212,7 +228,7 @@ TEST(PagedRows, RowBoundsErrors) {
 }
 
 TEST(PagedRows, TruncateReleasesWholePages) {
-  PagePool pool("kv", 64, 0);
+  PagePool pool(host_memory, "kv", 64, 0);
   PagedRows rows(pool, 16);  // 4 rows per page
   for (int i = 0; i < 10; ++i) fill(rows.append(), 16, static_cast<uint8_t>(i + 1));
   EXPECT_EQ(pool.pages_in_use(), 3u);
@@ -234,7 +250,7 @@ TEST(PagedRows, TruncateReleasesWholePages) {
 }
 
 TEST(PagedRows, DestructorAndMoveRelease) {
-  PagePool pool("kv", 64, 0);
+  PagePool pool(host_memory, "kv", 64, 0);
   {
     PagedRows a(pool, 16);
     for (int i = 0; i < 6; ++i) a.append();
@@ -254,7 +270,7 @@ TEST(PagedRows, DestructorAndMoveRelease) {
 }
 
 TEST(PagedRows, CopyOnWriteBranchesNeverSeeEachOther) {
-  PagePool pool("kv", 64, 0);
+  PagePool pool(host_memory, "kv", 64, 0);
   PagedRows prefix(pool, 16);  // 4 rows per page; 10 rows = 2 full pages + a half page
   for (int i = 0; i < 10; ++i) fill(prefix.append(), 16, static_cast<uint8_t>(10 + i));
   const std::vector<int32_t> prefix_pages = prefix.pages();
@@ -309,7 +325,7 @@ TEST(PagedRows, CopyOnWriteBranchesNeverSeeEachOther) {
 }
 
 TEST(PagedRows, ShareMidPageKeepsParentRowsPastTheCut) {
-  PagePool pool("kv", 64, 0);
+  PagePool pool(host_memory, "kv", 64, 0);
   PagedRows parent(pool, 16);
   for (int i = 0; i < 7; ++i) fill(parent.append(), 16, static_cast<uint8_t>(i + 1));
   PagedRows child = parent.share(5);  // page 1 holds rows 4..6 of the parent; the child sees row 4
@@ -324,7 +340,7 @@ TEST(PagedRows, ShareMidPageKeepsParentRowsPastTheCut) {
 }
 
 TEST(PagedRows, FullPoolLeavesTheArrayUnchanged) {
-  PagePool pool("kv", 64, 2);
+  PagePool pool(host_memory, "kv", 64, 2);
   PagedRows a(pool, 32);  // 2 rows per page
   for (int i = 0; i < 3; ++i) fill(a.append(), 32, static_cast<uint8_t>(i + 1));
   const std::vector<int32_t> pages = a.pages();
@@ -347,7 +363,7 @@ TEST(PagedRows, FullPoolLeavesTheArrayUnchanged) {
 }
 
 TEST(PagedRows, AdoptTakesCountedReferences) {
-  PagePool pool("kv", 64, 0);
+  PagePool pool(host_memory, "kv", 64, 0);
   std::vector<int32_t> pages;
   {
     PagedRows rows(pool, 16);
@@ -373,7 +389,7 @@ TEST(PagedRows, AdoptTakesCountedReferences) {
 // Many sequences sharing, branching, writing, rolling back and dying in random order.
 TEST(PagedRows, RandomizedSharingStressHasNoLeaksOrCrosstalk) {
   constexpr size_t kRow = 40;  // 6 rows per 256-byte page, 16 bytes of slack
-  PagePool pool("stress", 256, 0);
+  PagePool pool(host_memory, "stress", 256, 0);
   struct Seq {
     PagedRows rows;
     std::vector<std::vector<uint8_t>> shadow;

@@ -82,7 +82,8 @@ inline const Model& tiny_model() {
 inline StatePools& pools_for(const Model& model) {
   static std::map<std::string, std::unique_ptr<StatePools>> pools;
   auto& p = pools[config_fingerprint(model.config())];
-  if (!p) p = std::make_unique<StatePools>(model.config(), model.roles());
+  static HostAllocator host;  // declared first, so it outlives the pools
+  if (!p) p = std::make_unique<StatePools>(model.config(), model.roles(), host);
   return *p;
 }
 

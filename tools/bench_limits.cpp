@@ -6,8 +6,6 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/kernels.h"
-#include "kernels/thread_pool.h"
 
 namespace dsv41::cli {
 
@@ -17,16 +15,15 @@ double seconds(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-double measure_bandwidth_gbs(uint64_t bytes, int reps) {
+double measure_bandwidth_gbs(const Backend& backend, uint64_t bytes, int reps) {
   const size_t words = static_cast<size_t>(bytes / 8);
   std::vector<uint64_t> buf(words);
   for (size_t i = 0; i < words; ++i) buf[i] = i;  // touch every page before timing
-  ThreadPool& pool = ThreadPool::global();
   double best = 0;
   for (int r = 0; r < reps; ++r) {
     std::vector<uint64_t> partial(64, 0);
     const auto t0 = std::chrono::steady_clock::now();
-    pool.parallel_for(static_cast<int64_t>(words), int64_t{1} << 20, [&](int64_t b, int64_t e) {
+    backend.exec().parallel_for(static_cast<int64_t>(words), int64_t{1} << 20, [&](int64_t b, int64_t e, Scratch&) {
       uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;  // independent sums so the loads pipeline
       int64_t i = b;
       for (; i + 4 <= e; i += 4) {
@@ -46,17 +43,17 @@ double measure_bandwidth_gbs(uint64_t bytes, int reps) {
   return best;
 }
 
-double measure_fp8_gemm_gflops(int64_t m, int64_t k, int64_t n, int reps) {
+double measure_fp8_gemm_gflops(const Backend& backend, int64_t m, int64_t k, int64_t n, int reps) {
   std::vector<uint8_t> w(static_cast<size_t>(n * k)), s(static_cast<size_t>(((n + 31) / 32) * ((k + 31) / 32)), 120);
   for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint8_t>((i * 2654435761u) >> 24) & 0x7E;  // finite codes
   std::vector<float> x(static_cast<size_t>(m * k)), y(static_cast<size_t>(m * n));
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i % 17) - 8) * 0.125f;
-  Fp8Matrix W{w.data(), s.data(), n, k};
-  linear_fp8(x.data(), m, W, y.data());  // warm up
+  const Fp8Matrix W{w.data(), s.data(), n, k};
+  backend.linear_fp8(x.data(), m, W, y.data());  // warm up
   double best = 0;
   for (int r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    linear_fp8(x.data(), m, W, y.data());
+    backend.linear_fp8(x.data(), m, W, y.data());
     best = std::max(best, 2.0 * static_cast<double>(m * n * k) / seconds(t0) / 1e9);
   }
   return best;

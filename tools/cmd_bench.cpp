@@ -15,8 +15,7 @@
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "bench_limits.h"
-#include "kernels/cpu_features.h"
-#include "kernels/thread_pool.h"
+#include "backend_env.h"
 #include "model/model.h"
 #include "model/model_stats.h"
 #include "io/engram_store.h"
@@ -189,12 +188,14 @@ nlohmann::json bench_prefix_hit(const Model& m, StatePools& pools, int64_t n) {
 
 // Aggregate decode throughput of N concurrent streams through the engine's scheduler, counted once
 // every stream has its first token (so the streams' prefills are not in it).
-nlohmann::json bench_concurrency(const std::string& dir, const std::vector<int>& streams, int tokens) {
+nlohmann::json bench_concurrency(const std::string& dir, const std::shared_ptr<const Backend>& backend,
+                                 const std::vector<int>& streams, int tokens) {
   nlohmann::json out = nlohmann::json::array();
   for (int n : streams) {
     EngineOptions eo;
     eo.model_dir = dir;
     eo.parallel = n;
+    eo.backend = backend;
     Engine e(eo);
     std::mutex mu;
     std::condition_variable cv;
@@ -336,16 +337,17 @@ int run_bench(int argc, char** argv) {
   nlohmann::json report;
   Limits lim;
   std::fprintf(stderr, "measuring the machine...\n");
-  lim.bandwidth_gbs = measure_bandwidth_gbs();
-  lim.peak_gflops = measure_fp8_gemm_gflops();
+  const std::shared_ptr<const Backend> backend = backend_from_environment();
+  lim.bandwidth_gbs = measure_bandwidth_gbs(*backend);
+  lim.peak_gflops = measure_fp8_gemm_gflops(*backend);
   report["machine"] = {{"bandwidth_gbs", lim.bandwidth_gbs}, {"peak_gflops", lim.peak_gflops},
-                       {"cores", ThreadPool::default_threads()}, {"isa", isa_name()}};
+                       {"cores", backend->threads()}, {"isa", backend->name()}};
   std::unique_ptr<Model> model;
   std::unique_ptr<StatePools> pools;
   auto need_model = [&] {
     if (!model) {
-      model = load_model(dir);
-      pools = std::make_unique<StatePools>(model->config(), model->roles());
+      model = load_model(dir, {backend});
+      pools = std::make_unique<StatePools>(model->config(), model->roles(), backend->allocator());
     }
   };
   for (const std::string& name : names) {
@@ -362,7 +364,7 @@ int run_bench(int argc, char** argv) {
       need_model();
       report["prefix_hit"] = bench_prefix_hit(*model, *pools, lengths.back());
     } else if (name == "concurrency") {
-      report["concurrency"] = bench_concurrency(dir, {1, 2, 4, 8}, steps > 0 ? steps : 8);
+      report["concurrency"] = bench_concurrency(dir, backend, {1, 2, 4, 8}, steps > 0 ? steps : 8);
     }
   }
   if (args.has("--plot")) write_plot(args.get("--plot"), report);

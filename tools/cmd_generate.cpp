@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "backend_env.h"
 #include "cli.h"
 #include "commands.h"
 #include "io/safetensors_writer.h"
@@ -145,7 +146,7 @@ int run_generate(int argc, char** argv) {
   const int64_t n_predict = teacher ? static_cast<int64_t>(teacher_ids.size()) : args.get_int("--n-predict", 32, 0, 1 << 24);
   const bool json_out = args.has("--json");
 
-  auto model = load_model(dir, parse_engram_tier(args.get("--engram", "mmap")));
+  auto model = load_model(dir, {backend_from_environment(), parse_engram_tier(args.get("--engram", "mmap"))});
   const ModelConfig& cfg = model->config();
   Tokenizer tokenizer = Tokenizer::from_file(dir + "/tokenizer.json");
   std::vector<int32_t> prompt;
@@ -167,7 +168,7 @@ int run_generate(int argc, char** argv) {
                          ") exceeds the model's context of " + std::to_string(cfg.max_seq_len));
   }
 
-  StatePools pools(cfg, model->roles());
+  StatePools pools(cfg, model->roles(), model->backend().allocator());
   std::unique_ptr<PrefixCache> cache;
   const CacheMode cache_mode = parse_cache_mode(args.get("--cache-mode", "exact"));
   if (args.has("--prompt-cache")) {

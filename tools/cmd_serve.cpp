@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "backend_env.h"
 #include "cli.h"
 #include "commands.h"
 #include "io/engram_store.h"
@@ -82,6 +83,7 @@ int run_serve(int argc, char** argv) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  eo.backend = backend_from_environment();
   Engine engine(eo);
   server::HttpServer server(engine, so);
   const int port = server.bind();

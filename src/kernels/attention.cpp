@@ -6,9 +6,8 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/cpu_features.h"
-#include "kernels/kernels.h"
-#include "kernels/linear_internal.h"
+#include "kernels/kv_rows.h"
+#include "kernels/reference.h"
 #include "numeric/formats.h"
 
 // The reference's roundings are the fp32 operations as written (see linear.cpp).
@@ -39,11 +38,20 @@ float dot(const float* a, const float* b, int64_t d) {
 
 }  // namespace
 
-namespace detail {
+namespace reference {
 
-void sparse_attention_scalar(const float* q, int64_t heads, int64_t d, const std::vector<const float*>& rows,
-                      const float* sink, float scale, float* out) {
+void sparse_attention(const float* q, int64_t heads, int64_t d, const KvRows& packed, const float* sink, float scale,
+                      float* out) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
+  // The rows decoded once for every head: the values the reference's dequantized K=V hold.
+  std::vector<float> values(static_cast<size_t>(packed.size() * d));
+  std::vector<const float*> rows(static_cast<size_t>(packed.size()), nullptr);
+  for (int64_t j = 0; j < packed.size(); ++j) {
+    const uint8_t* row = kv_row(packed, j);
+    if (row == nullptr) continue;
+    decode_kv_row(kv_row_format(packed, j), row, d, &values[j * d]);
+    rows[j] = &values[j * d];
+  }
   std::vector<float> acc(d), chunk_acc(d);
   float scores[kChunk], probs[kChunk];
   for (int64_t h = 0; h < heads; ++h) {
@@ -96,19 +104,6 @@ void sparse_attention_scalar(const float* q, int64_t heads, int64_t d, const std
   }
 }
 
-}  // namespace detail
-
-void sparse_attention(const float* q, int64_t heads, int64_t d, const std::vector<const float*>& rows,
-                      const float* sink, float scale, float* out) {
-  switch (active_isa()) {
-    case Isa::avx512:
-      return detail::sparse_attention_avx512(q, heads, d, rows, sink, scale, out);
-    case Isa::avx2:
-      return detail::sparse_attention_avx2(q, heads, d, rows, sink, scale, out);
-    case Isa::scalar:
-      break;
-  }
-  detail::sparse_attention_scalar(q, heads, d, rows, sink, scale, out);
-}
+}  // namespace reference
 
 }  // namespace dsv41

@@ -10,17 +10,11 @@
 //  * products are rounded separately (mul, then add) as in the reference, so the results match it
 //    even for inputs that are not bf16 values.
 //  * the running max, exp, the sums and the rescale stay scalar per head, as written.
-// Heads are split over the thread pool in groups of one vector; results do not depend on the split.
+// The list's packed rows are decoded a chunk at a time into the worker's scratch (the values
+// numeric/row_codecs.h unpacks). Heads are split over the workers in groups of one vector; results
+// do not depend on the split.
 //
 // No include guard on purpose: each ISA file includes it once, in its own namespace.
-
-struct AttentionScratch {
-  std::vector<float> qt, acc, scores;
-};
-inline AttentionScratch& attention_scratch() {
-  thread_local AttentionScratch s;
-  return s;
-}
 
 constexpr int64_t kAttnChunk = 64;      // the reference's block of indices (K41:328)
 constexpr float kAttnMaxFloor = -1e30f;  // its finite floor for the running max (K41:352-355)
@@ -39,16 +33,16 @@ inline void logits_rows(const float* qt, int64_t d, const float* const* rows, fl
 }
 
 // Heads [h0, h1) of the query (h0 a multiple of W).
-inline void attention_heads(const float* q, int64_t heads, int64_t d, const std::vector<const float*>& rows,
-                            const float* sink, float scale, float* out, int64_t h0, int64_t h1) {
-  (void)heads;
+inline void attention_heads(const float* q, int64_t d, const KvRows& rows, const float* sink, float scale,
+                            float* out, int64_t h0, int64_t h1, Scratch& s) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  AttentionScratch& s = attention_scratch();
   const int64_t nh = h1 - h0;
   const int64_t groups = (nh + V::W - 1) / V::W;
-  float* qt = grow(s.qt, static_cast<size_t>(groups * d * V::W));  // [group][d][W]
-  float* acc = grow(s.acc, static_cast<size_t>(nh * d));           // [head][d]
-  float* logits = grow(s.scores, static_cast<size_t>(groups * kAttnChunk * V::W));  // [group][j][W]
+  float* qt = s.get<float>(ScratchSlot::AttentionQuery, static_cast<size_t>(groups * d * V::W));  // [group][d][W]
+  float* acc = s.get<float>(ScratchSlot::AttentionAcc, static_cast<size_t>(nh * d));             // [head][d]
+  float* logits =
+      s.get<float>(ScratchSlot::AttentionLogits, static_cast<size_t>(groups * kAttnChunk * V::W));  // [group][j][W]
+  float* decoded = s.get<float>(ScratchSlot::AttentionRows, static_cast<size_t>(kAttnChunk * d));  // [j][d]
   for (int64_t g = 0; g < groups; ++g) {
     for (int64_t i = 0; i < d; ++i) {
       for (int l = 0; l < V::W; ++l) {
@@ -63,15 +57,17 @@ inline void attention_heads(const float* q, int64_t heads, int64_t d, const std:
   float scores[kAttnChunk], probs[kAttnChunk];
   const float* live[kAttnChunk];
   int64_t live_at[kAttnChunk];
-  for (size_t t = 0; t < rows.size(); t += kAttnChunk) {
-    const int64_t len = static_cast<int64_t>(std::min<size_t>(kAttnChunk, rows.size() - t));
-    // The chunk's non-null rows, in order; null ones get -inf logits.
+  for (int64_t t = 0; t < rows.size(); t += kAttnChunk) {
+    const int64_t len = std::min<int64_t>(kAttnChunk, rows.size() - t);
+    // The chunk's non-null rows, in order, decoded; null ones get -inf logits.
     int64_t nlive = 0;
     for (int64_t j = 0; j < len; ++j) {
-      if (rows[t + j] != nullptr) {
-        live[nlive] = rows[t + j];
-        live_at[nlive++] = j;
-      }
+      const uint8_t* row = kv_row(rows, t + j);
+      if (row == nullptr) continue;
+      float* values = decoded + nlive * d;
+      decode_kv_row(kv_row_format(rows, t + j), row, d, values);
+      live[nlive] = values;
+      live_at[nlive++] = j;
     }
     for (int64_t g = 0; g < groups; ++g) {
       const float* qg = qt + g * d * V::W;
@@ -136,14 +132,12 @@ inline void attention_heads(const float* q, int64_t heads, int64_t d, const std:
   }
 }
 
-inline void sparse_attention_simd(const float* q, int64_t heads, int64_t d, const std::vector<const float*>& rows,
+inline void sparse_attention_simd(const Exec& ex, const float* q, int64_t heads, int64_t d, const KvRows& rows,
                                   const float* sink, float scale, float* out) {
   if (heads <= 0) return;
-  const auto body = [&](int64_t h0, int64_t h1) { attention_heads(q, heads, d, rows, sink, scale, out, h0, h1); };
   // Work of one query: heads · rows · d multiply-adds, twice. Small ones stay on the calling thread.
-  if (heads * static_cast<int64_t>(rows.size()) * d >= (int64_t{1} << 16) && heads > V::W) {
-    parallel_for(heads, V::W, body);
-  } else {
-    body(0, heads);
-  }
+  const bool parallel = heads * rows.size() * d >= (int64_t{1} << 16) && heads > V::W;
+  ex.run(parallel, heads, V::W, [&](int64_t h0, int64_t h1, Scratch& s) {
+    attention_heads(q, d, rows, sink, scale, out, h0, h1, s);
+  });
 }

@@ -1,10 +1,7 @@
 // cpuid + xgetbv feature detection (Intel SDM vol. 2A "CPUID", vol. 1 §13 "XSAVE-enabled features").
 #include "kernels/cpu_features.h"
 
-#include <atomic>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
+#include "util/error.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -60,32 +57,6 @@ Isa best(const CpuFeatures& f) {
   return Isa::scalar;
 }
 
-Isa from_env() {
-  const Isa detected = best(cpu_features());
-  const char* env = std::getenv("DSV41_ISA");
-  if (env == nullptr || *env == '\0') return detected;
-  Isa want = detected;
-  if (std::strcmp(env, "scalar") == 0) {
-    want = Isa::scalar;
-  } else if (std::strcmp(env, "avx2") == 0) {
-    want = Isa::avx2;
-  } else if (std::strcmp(env, "avx512") == 0) {
-    want = Isa::avx512;
-  } else {
-    std::fprintf(stderr, "dsv41: DSV41_ISA=%s not understood (scalar, avx2, avx512); using %s\n", env,
-                 isa_name(detected));
-    return detected;
-  }
-  if (static_cast<int>(want) > static_cast<int>(detected)) {
-    std::fprintf(stderr, "dsv41: DSV41_ISA=%s is not supported by this CPU; using %s\n", env, isa_name(detected));
-    return detected;
-  }
-  return want;
-}
-
-// -1 until first use; then the active level. Relaxed is enough: every thread computes the same value.
-std::atomic<int> g_active{-1};
-
 }  // namespace
 
 const CpuFeatures& cpu_features() {
@@ -96,22 +67,6 @@ const CpuFeatures& cpu_features() {
 Isa detected_isa() { return best(cpu_features()); }
 
 bool isa_supported(Isa isa) { return static_cast<int>(isa) <= static_cast<int>(detected_isa()); }
-
-Isa active_isa() {
-  int v = g_active.load(std::memory_order_relaxed);
-  if (v < 0) {
-    v = static_cast<int>(from_env());
-    int expected = -1;
-    // A racing set_active_isa wins over the environment default.
-    if (!g_active.compare_exchange_strong(expected, v, std::memory_order_relaxed)) v = expected;
-  }
-  return static_cast<Isa>(v);
-}
-
-void set_active_isa(Isa isa) {
-  if (!isa_supported(isa)) isa = detected_isa();
-  g_active.store(static_cast<int>(isa), std::memory_order_relaxed);
-}
 
 const char* isa_name(Isa isa) {
   switch (isa) {
@@ -125,6 +80,11 @@ const char* isa_name(Isa isa) {
   return "scalar";
 }
 
-const char* isa_name() { return isa_name(active_isa()); }
+Isa parse_isa(const std::string& name, const std::string& where) {
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
+    if (name == isa_name(isa)) return isa;
+  }
+  fail(where, "must be scalar, avx2 or avx512, got \"" + name + "\"");
+}
 
 }  // namespace dsv41

@@ -1,7 +1,9 @@
-// Runtime CPU feature detection and the instruction-set level the fast kernels run at.
-// The project builds without -march flags, so the SIMD kernels are compiled with per-function target
-// options and chosen here at run time; DSV41_ISA=scalar|avx2|avx512 forces a level (tests, comparisons).
+// Runtime CPU feature detection and the instruction-set levels the kernels come in. The project
+// builds without -march flags, so the SIMD kernels are compiled with per-function target options;
+// a backend (kernels/backend.h) is made for one level, which must be one the machine runs.
 #pragma once
+
+#include <string>
 
 namespace dsv41 {
 
@@ -17,17 +19,12 @@ struct CpuFeatures {
 const CpuFeatures& cpu_features();
 // The best level the machine supports.
 Isa detected_isa();
-// The level the kernels use: DSV41_ISA when set (lowered to what the machine supports), else the
-// detected one. Read once, at the first call.
-Isa active_isa();
-// Overrides the active level for the whole process (tests and benchmarks); lowered to the detected
-// level. Not to be called while kernels run on other threads.
-void set_active_isa(Isa isa);
 // True when `isa` can run here.
 bool isa_supported(Isa isa);
 
+// "scalar", "avx2" or "avx512".
 const char* isa_name(Isa isa);
-// The active level's name: "scalar", "avx2" or "avx512".
-const char* isa_name();
+// The level of that name; an Error naming `where` for any other.
+Isa parse_isa(const std::string& name, const std::string& where);
 
 }  // namespace dsv41

@@ -1,26 +1,22 @@
-// Dequantization of gathered Engram rows (model-spec §3.6): FP8 e4m3 codes with one E8M0 scale per
-// 32 channels, each value e4m3·2^(scale − 127) rounded to bf16, as the reference's embedding lookup
-// dequantizes them before the Engram projection.
+// The fast dequantization of gathered Engram rows (the op and its numerics are in kernels/backend.h,
+// the reference in kernels/reference.h): FP8 e4m3 codes with one E8M0 scale per 32 channels, each
+// value e4m3·2^(scale − 127) rounded to bf16. Every level gives the same bits (NaN codes and NaN
+// scales give the same quiet NaN).
 #pragma once
 
 #include <cstdint>
 
-namespace dsv41 {
+namespace dsv41::detail {
 
-// out[r·row_len + j] = round_bf16(e4m3_to_f32(codes[r·row_len + j]) · e8m0_to_f32(scales[r·(row_len/32) + j/32]))
-// for r < rows; row_len a positive multiple of 32. Runs at the active ISA level, on the kernel thread
-// pool when large. Every level gives the same bits (NaN codes and NaN scales give the same quiet NaN).
-void dequantize_engram_rows(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t row_len, float* out);
-
-namespace detail {
-
-// The same over `blocks` blocks of 32 codes, each with its scale (rows are whole blocks, laid out
-// back to back): the scalar reference and the fast versions (each needs its ISA: isa_supported; on a
-// build without x86 SIMD they run the reference). Single-threaded; the tests compare them directly.
-void dequantize_fp8_blocks_scalar(const uint8_t* codes, const uint8_t* scales, int64_t blocks, float* out);
+// `blocks` blocks of 32 codes, each with its scale (rows are whole blocks, laid out back to back).
+// Each needs its ISA (isa_supported); on a build without x86 SIMD they run the reference.
+// Single-threaded: the backend splits the blocks over its workers.
 void dequantize_fp8_blocks_avx2(const uint8_t* codes, const uint8_t* scales, int64_t blocks, float* out);
 void dequantize_fp8_blocks_avx512(const uint8_t* codes, const uint8_t* scales, int64_t blocks, float* out);
 
-}  // namespace detail
+// Below this many blocks (256 Ki values) a call stays on the calling thread: a decode step's 24 rows
+// take microseconds, less than waking the pool.
+constexpr int64_t kEngramParallelBlocks = 8192;
+constexpr int64_t kEngramBlocksPerGrain = 256;
 
-}  // namespace dsv41
+}  // namespace dsv41::detail

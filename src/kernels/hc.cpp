@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/kernels.h"
+#include "kernels/reference.h"
 
 namespace dsv41 {
 
@@ -42,6 +42,8 @@ void divide_columns(float* comb, int hc, float eps, float* denom) {
 
 }  // namespace
 
+namespace reference {
+
 void hc_split_sinkhorn(const float* mixes, const float* scale3, const float* base, int hc, int iters,
                        float eps, float* pre, float* post, float* comb) {
   std::vector<float> denom(static_cast<size_t>(std::max(hc, 0)));
@@ -75,5 +77,7 @@ void hc_split_sinkhorn(const float* mixes, const float* scale3, const float* bas
     divide_columns(comb, hc, eps, denom.data());
   }
 }
+
+}  // namespace reference
 
 }  // namespace dsv41

@@ -9,7 +9,7 @@
 
 #include "kernels/index_score.h"
 #include "kernels/linear_internal.h"
-#include "kernels/thread_pool.h"
+#include "kernels/reference.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -93,9 +93,15 @@ struct S {
 
 namespace dsv41::detail {
 
-void index_scores_avx512(const float* q, const float* weights, int64_t nq, int64_t nh, int64_t K,
-                         const uint8_t* const* keys, int64_t n_keys, const int64_t* visible, float* scores) {
-  index_score_avx512::index_scores_simd(q, weights, nq, nh, K, keys, n_keys, visible, scores);
+void index_scores_avx512(const Exec& ex, const float* q, const float* weights, int64_t nq, int64_t nh, int64_t K,
+                       const uint8_t* const* keys, int64_t n_keys, const int64_t* visible, float* scores) {
+  index_score_avx512::index_scores_simd(ex, q, weights, nq, nh, K, keys, n_keys, visible, scores);
+}
+void index_scores_in_pool_avx512(const Exec& ex, const float* q, const float* weights, int64_t nq, int64_t nh,
+                               int64_t K, const uint8_t* const* keys, int64_t n_keys, const int64_t* visible,
+                               const std::vector<int32_t>* pools, int64_t block_size, float* scores) {
+  index_score_avx512::index_scores_in_pool_simd(ex, q, weights, nq, nh, K, keys, n_keys, visible, pools, block_size,
+                                              scores);
 }
 
 }  // namespace dsv41::detail
@@ -107,12 +113,17 @@ void index_scores_avx512(const float* q, const float* weights, int64_t nq, int64
 #pragma GCC pop_options
 #endif
 
-#else  // not x86: the reference stands in
+#else  // not x86: the level is never available; the references stand in so the build links
 
 namespace dsv41::detail {
-void index_scores_avx512(const float* q, const float* weights, int64_t nq, int64_t nh, int64_t K,
-                         const uint8_t* const* keys, int64_t n_keys, const int64_t* visible, float* scores) {
-  index_scores_scalar(q, weights, nq, nh, K, keys, n_keys, visible, scores);
+void index_scores_avx512(const Exec&, const float* q, const float* weights, int64_t nq, int64_t nh, int64_t K,
+                       const uint8_t* const* keys, int64_t n_keys, const int64_t* visible, float* scores) {
+  reference::index_scores(q, weights, nq, nh, K, keys, n_keys, visible, scores);
+}
+void index_scores_in_pool_avx512(const Exec&, const float* q, const float* weights, int64_t nq, int64_t nh,
+                               int64_t K, const uint8_t* const* keys, int64_t n_keys, const int64_t* visible,
+                               const std::vector<int32_t>* pools, int64_t block_size, float* scores) {
+  reference::index_scores_in_pool(q, weights, nq, nh, K, keys, n_keys, visible, pools, block_size, scores);
 }
 }  // namespace dsv41::detail
 

@@ -14,24 +14,10 @@
 // the group then uses before the next ones are decoded. The dot chains live in a small accumulator
 // buffer between passes (one load and one store per head and pass, against 8·kColumnsPerPass
 // multiply-adds).
-// Key tiles are split over the thread pool; a score does not depend on the tile split.
+// Key tiles are split over the workers; a score does not depend on the tile split. Restricted to
+// candidate pools, each query's pool rows are gathered (by pointer) and scored the same way.
 //
 // No include guard on purpose: each ISA file includes it once, in its own namespace.
-
-struct IndexScoreScratch {
-  std::vector<uint32_t> cols;  // [K/8][W]: dword c of each key's packed nibbles
-  std::vector<float> scales;   // [K/32][W]: each key's decoded E8M0 scales
-  std::vector<float> acc;      // [query][head][W]: dot chains of the current query group
-};
-inline IndexScoreScratch& index_score_scratch() {
-  thread_local IndexScoreScratch s;
-  return s;
-}
-template <class T>
-inline T* grow_to(std::vector<T>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-  return v.data();
-}
 
 // Accumulator floats a query group may hold: 32 KiB, so the chains stay in L1 between passes.
 constexpr int64_t kAccFloats = 8192;
@@ -114,18 +100,19 @@ inline void score_tile(const float* q, const float* weights, int64_t nh, int64_t
   }
 }
 
-inline void index_scores_simd(const float* q, const float* weights, int64_t nq, int64_t nh, int64_t K,
-                              const uint8_t* const* keys, int64_t n_keys, const int64_t* visible, float* scores) {
+inline void index_scores_simd(const Exec& ex, const float* q, const float* weights, int64_t nq, int64_t nh,
+                              int64_t K, const uint8_t* const* keys, int64_t n_keys, const int64_t* visible,
+                              float* scores) {
   if (nq <= 0 || n_keys <= 0) return;
   const int64_t tiles = (n_keys + S::W - 1) / S::W;
   const int64_t group = std::clamp<int64_t>(kAccFloats / (nh * S::W), 1, nq);
   int64_t last_visible = 0;  // keys at or past it are seen by no query
   for (int64_t i = 0; i < nq; ++i) last_visible = std::max(last_visible, visible[i]);
-  auto run_tiles = [&](int64_t tile_begin, int64_t tile_end) {
-    IndexScoreScratch& s = index_score_scratch();
-    uint32_t* cols = grow_to(s.cols, static_cast<size_t>(K / 8 * S::W));
-    float* sc = grow_to(s.scales, static_cast<size_t>(K / 32 * S::W));
-    float* acc = grow_to(s.acc, static_cast<size_t>(group * nh * S::W));
+  const bool parallel = nq * n_keys * nh * K >= kIndexScoreParallelWork;
+  ex.run(parallel, tiles, 1, [&](int64_t tile_begin, int64_t tile_end, Scratch& s) {
+    uint32_t* cols = s.get<uint32_t>(ScratchSlot::IndexColumns, static_cast<size_t>(K / 8 * S::W));  // [K/8][W]
+    float* sc = s.get<float>(ScratchSlot::IndexScales, static_cast<size_t>(K / 32 * S::W));          // [K/32][W]
+    float* acc = s.get<float>(ScratchSlot::IndexAcc, static_cast<size_t>(group * nh * S::W));  // [query][head][W]
     for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
       const int64_t t0 = tile * S::W;
       const int count = static_cast<int>(std::min<int64_t>(S::W, n_keys - t0));
@@ -140,10 +127,31 @@ inline void index_scores_simd(const float* q, const float* weights, int64_t nq, 
         score_tile(q, weights, nh, K, cols, sc, t0, count, i0, std::min(nq, i0 + group), visible, n_keys, acc, scores);
       }
     }
-  };
-  if (nq * n_keys * nh * K >= kIndexScoreParallelWork) {
-    parallel_for(tiles, 1, run_tiles);
-  } else {
-    run_tiles(0, tiles);
+  });
+}
+
+// Per query: the visible keys of its pool gathered into one list and scored as a history of their
+// own, the scores put back in place; every other key is -inf.
+inline void index_scores_in_pool_simd(const Exec& ex, const float* q, const float* weights, int64_t nq, int64_t nh,
+                                      int64_t K, const uint8_t* const* keys, int64_t n_keys, const int64_t* visible,
+                                      const std::vector<int32_t>* pools, int64_t block_size, float* scores) {
+  std::fill(scores, scores + nq * n_keys, -std::numeric_limits<float>::infinity());
+  std::vector<const uint8_t*> pool_keys;
+  std::vector<int64_t> pool_ids;
+  std::vector<float> pool_scores;
+  for (int64_t i = 0; i < nq; ++i) {
+    pool_keys.clear();
+    pool_ids.clear();
+    for (int32_t b : pools[i]) {
+      for (int64_t t = b * block_size; t < std::min({n_keys, visible[i], (b + 1) * block_size}); ++t) {
+        pool_keys.push_back(keys[t]);
+        pool_ids.push_back(t);
+      }
+    }
+    const int64_t n = static_cast<int64_t>(pool_keys.size());
+    if (n == 0) continue;
+    pool_scores.resize(static_cast<size_t>(n));
+    index_scores_simd(ex, q + i * nh * K, weights + i * nh, 1, nh, K, pool_keys.data(), n, &n, pool_scores.data());
+    for (int64_t j = 0; j < n; ++j) scores[i * n_keys + pool_ids[j]] = pool_scores[j];
   }
 }

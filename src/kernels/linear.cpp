@@ -1,5 +1,5 @@
 // Scalar reference linear layers (model-spec §3.1 "linear"; the port's fp8_gemm / fp4_gemm and
-// F.linear), and the dispatch to the fast versions (simd_avx2.cpp, simd_avx512.cpp).
+// F.linear); the fast versions are in simd_avx2.cpp and simd_avx512.cpp.
 // Summation runs in index order: the reference's BLAS order is unspecified, so bit-exact agreement
 // with it is not possible anyway, and a fixed order makes the faster versions testable. The fast
 // versions keep exactly these chains (see linear_internal.h), so every level gives the same bits.
@@ -7,10 +7,8 @@
 #include <cassert>
 #include <vector>
 
-#include "kernels/cpu_features.h"
-#include "kernels/kernels.h"
 #include "kernels/linear_internal.h"
-#include "kernels/thread_pool.h"
+#include "kernels/reference.h"
 #include "numeric/formats.h"
 #include "numeric/quant.h"
 
@@ -73,27 +71,20 @@ const float* e8m0_table() {
 }
 
 // Quantizing every row up front lets the weight loops run rows in any order.
-QuantizedActivations quantize_activations(const float* x, int64_t m, int64_t k, float prescale, bool parallel) {
+QuantizedActivations quantize_activations(const float* x, int64_t m, int64_t k, float prescale) {
   assert(k % kBlock == 0 && "act_quant needs K in whole blocks of 32");
   QuantizedActivations q;
   q.m = m;
   q.k = k;
   q.values.resize(m * k);
   q.scales.resize(m * (k / kBlock));
-  const auto rows = [&](int64_t i0, int64_t i1) {
-    std::vector<float> table(e4m3_table(), e4m3_table() + 256);
-    for (auto& v : table) v *= prescale;  // power of two: exact
-    std::vector<uint8_t> codes(k);
-    for (int64_t i = i0; i < i1; ++i) {
-      act_quant_fp8(x + i * k, k, codes.data(), q.scales.data() + i * (k / kBlock));
-      float* out = q.values.data() + i * k;
-      for (int64_t j = 0; j < k; ++j) out[j] = table[codes[j]];
-    }
-  };
-  if (parallel && m > 1) {
-    parallel_for(m, 1, rows);
-  } else {
-    rows(0, m);
+  std::vector<float> table(e4m3_table(), e4m3_table() + 256);
+  for (auto& v : table) v *= prescale;  // power of two: exact
+  std::vector<uint8_t> codes(k);
+  for (int64_t i = 0; i < m; ++i) {
+    act_quant_fp8(x + i * k, k, codes.data(), q.scales.data() + i * (k / kBlock));
+    float* out = q.values.data() + i * k;
+    for (int64_t j = 0; j < k; ++j) out[j] = table[codes[j]];
   }
   return q;
 }
@@ -115,25 +106,32 @@ float fp4_dot_scalar(const float* a, const float* a_scales, const uint8_t* wrow_
   return block_scaled_dot(a, a_scales, w.data(), wscale, k);
 }
 
-void linear_fp8_scalar(const float* x, int64_t m, const Fp8Matrix& w, float* y) {
+}  // namespace detail
+
+namespace reference {
+
+using detail::QuantizedActivations;
+constexpr int64_t kBlock = detail::kQBlock;
+
+void linear_fp8(const float* x, int64_t m, const Fp8Matrix& w, float* y) {
   assert(w.k % kBlock == 0 && "act_quant needs K in whole blocks of 32");
   const int64_t kb = w.k / kBlock;  // = ceil(k/32), the scale tensor's row length
-  const float* lut = e4m3_table();
-  const QuantizedActivations a = quantize_activations(x, m, w.k, 1.0f, false);
+  const float* lut = detail::e4m3_table();
+  const QuantizedActivations a = detail::quantize_activations(x, m, w.k, 1.0f);
   std::vector<float> wrow(w.k);  // one weight row decoded to e4m3 values
   for (int64_t n = 0; n < w.n; ++n) {
     for (int64_t j = 0; j < w.k; ++j) wrow[j] = lut[w.w[n * w.k + j]];
     const uint8_t* srow = w.scale + (n / kBlock) * kb;  // weight scales tile 32×32
     for (int64_t i = 0; i < m; ++i) {
-      y[i * w.n + n] = round_bf16(block_scaled_dot(a.row(i), a.row_scales(i), wrow.data(), srow, w.k));
+      y[i * w.n + n] = round_bf16(detail::block_scaled_dot(a.row(i), a.row_scales(i), wrow.data(), srow, w.k));
     }
   }
 }
 
-void linear_fp4_scalar(const float* x, int64_t m, const Fp4Matrix& w, float* y) {
+void linear_fp4(const float* x, int64_t m, const Fp4Matrix& w, float* y) {
   assert(w.k % kBlock == 0 && "act_quant and the FP4 weight scales need K in whole blocks of 32");
   const int64_t kb = w.k / kBlock;
-  const QuantizedActivations a = quantize_activations(x, m, w.k, 1.0f, false);
+  const QuantizedActivations a = detail::quantize_activations(x, m, w.k, 1.0f);
   std::vector<float> wrow(w.k);  // one weight row unpacked to E2M1 values
   for (int64_t n = 0; n < w.n; ++n) {
     const uint8_t* packed = w.w + n * (w.k / 2);
@@ -143,12 +141,12 @@ void linear_fp4_scalar(const float* x, int64_t m, const Fp4Matrix& w, float* y) 
     }
     const uint8_t* srow = w.scale + n * kb;  // per row, per 32 along K
     for (int64_t i = 0; i < m; ++i) {
-      y[i * w.n + n] = round_bf16(block_scaled_dot(a.row(i), a.row_scales(i), wrow.data(), srow, w.k));
+      y[i * w.n + n] = round_bf16(detail::block_scaled_dot(a.row(i), a.row_scales(i), wrow.data(), srow, w.k));
     }
   }
 }
 
-void linear_bf16_scalar(const float* x, int64_t m, const Bf16Matrix& w, float* y) {
+void linear_bf16(const float* x, int64_t m, const Bf16Matrix& w, float* y) {
   for (int64_t i = 0; i < m; ++i) {
     const float* xr = x + i * w.k;
     for (int64_t n = 0; n < w.n; ++n) {
@@ -160,7 +158,7 @@ void linear_bf16_scalar(const float* x, int64_t m, const Bf16Matrix& w, float* y
   }
 }
 
-void linear_f32_scalar(const float* x, int64_t m, const Bf16Matrix& w, float* y) {
+void linear_f32(const float* x, int64_t m, const Bf16Matrix& w, float* y) {
   for (int64_t i = 0; i < m; ++i) {
     const float* xr = x + i * w.k;
     for (int64_t n = 0; n < w.n; ++n) {
@@ -175,54 +173,6 @@ void linear_f32_scalar(const float* x, int64_t m, const Bf16Matrix& w, float* y)
   }
 }
 
-}  // namespace detail
-
-void linear_fp8(const float* x, int64_t m, const Fp8Matrix& w, float* y) {
-  switch (active_isa()) {
-    case Isa::avx512:
-      return detail::linear_fp8_avx512(x, m, w, y);
-    case Isa::avx2:
-      return detail::linear_fp8_avx2(x, m, w, y);
-    case Isa::scalar:
-      break;
-  }
-  detail::linear_fp8_scalar(x, m, w, y);
-}
-
-void linear_fp4(const float* x, int64_t m, const Fp4Matrix& w, float* y) {
-  switch (active_isa()) {
-    case Isa::avx512:
-      return detail::linear_fp4_avx512(x, m, w, y);
-    case Isa::avx2:
-      return detail::linear_fp4_avx2(x, m, w, y);
-    case Isa::scalar:
-      break;
-  }
-  detail::linear_fp4_scalar(x, m, w, y);
-}
-
-void linear_bf16(const float* x, int64_t m, const Bf16Matrix& w, float* y) {
-  switch (active_isa()) {
-    case Isa::avx512:
-      return detail::linear_bf16_avx512(x, m, w, y);
-    case Isa::avx2:
-      return detail::linear_bf16_avx2(x, m, w, y);
-    case Isa::scalar:
-      break;
-  }
-  detail::linear_bf16_scalar(x, m, w, y);
-}
-
-void linear_f32(const float* x, int64_t m, const Bf16Matrix& w, float* y) {
-  switch (active_isa()) {
-    case Isa::avx512:
-      return detail::linear_f32_avx512(x, m, w, y);
-    case Isa::avx2:
-      return detail::linear_f32_avx2(x, m, w, y);
-    case Isa::scalar:
-      break;
-  }
-  detail::linear_f32_scalar(x, m, w, y);
-}
+}  // namespace reference
 
 }  // namespace dsv41

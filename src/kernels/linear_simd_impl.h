@@ -22,22 +22,6 @@
 
 // ---- kinds ----------------------------------------------------------------------------------------
 
-struct Scratch {
-  std::vector<float> panel, scales, acc;
-  std::vector<uint8_t> zeros;
-  std::vector<uint8_t> tail;  // zero-padded copies of the last, partial K block of each tile row
-};
-inline Scratch& scratch() {
-  thread_local Scratch s;
-  return s;
-}
-
-template <class T>
-inline T* grow(std::vector<T>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-  return v.data();
-}
-
 constexpr int64_t kKc = 8;  // K blocks per GEMM panel: 2W rows × 256 k decoded = 32 KiB (AVX-512)
 
 // The weight-side specifics of each layer kind, on top of its decoder.
@@ -125,7 +109,8 @@ struct Tile {
 
   Tile(const typename Kind::Matrix& w, int64_t row0, int64_t n, Scratch& s) : row_bytes(Kind::row_bytes(w)) {
     count = static_cast<int>(std::clamp<int64_t>(n - row0, 0, kTileRows));
-    const uint8_t* zeros = grow(s.zeros, static_cast<size_t>(row_bytes + Kind::Dec::kBlockBytes));
+    const uint8_t* zeros =
+        s.zeroed<uint8_t>(ScratchSlot::LinearZeros, static_cast<size_t>(row_bytes + Kind::Dec::kBlockBytes));
     for (int r = 0; r < kTileRows; ++r) rows[r] = r < count ? Kind::row(w, row0 + r) : zeros;
   }
   // Block pointers for block b: direct, or (partial last block) padded copies in `tail`.
@@ -136,7 +121,7 @@ struct Tile {
       for (int r = 0; r < kTileRows; ++r) out[r] = rows[r] + off;
       return;
     }
-    uint8_t* t = grow(s.tail, static_cast<size_t>(kTileRows * want));
+    uint8_t* t = s.get<uint8_t>(ScratchSlot::LinearTail, static_cast<size_t>(kTileRows * want));
     std::fill(t, t + kTileRows * want, uint8_t{0});
     for (int r = 0; r < kTileRows; ++r) {
       std::copy(rows[r] + off, rows[r] + row_bytes, t + r * want);
@@ -239,10 +224,9 @@ void tile_scalar(const QuantizedActivations& a, const typename Kind::Matrix& w, 
 // batches): the weights stream once and feed every row from registers; r0 is a multiple of 2W.
 template <class Kind, int M>
 void gemv_rows(const float* x, const float* xs, const QuantizedActivations* qa, const typename Kind::Matrix& w,
-               float* y, int64_t r0, int64_t r1) {
-  Scratch& s = scratch();
+               float* y, int64_t r0, int64_t r1, Scratch& s) {
   const int64_t kb = k_blocks(w.k);
-  float* ws = grow(s.scales, static_cast<size_t>(std::max<int64_t>(kb, 1) * kTileRows));
+  float* ws = s.get<float>(ScratchSlot::LinearScales, static_cast<size_t>(std::max<int64_t>(kb, 1) * kTileRows));
   const uint8_t* blk[kTileRows];
   for (int64_t row0 = r0; row0 < r1; row0 += kTileRows) {
     const Tile<Kind> tile(w, row0, r1, s);
@@ -351,12 +335,11 @@ void micro_rows(const float* x, const float* xs, int64_t m, int64_t k, const flo
 // Rows [r0, r1) of y[m, n]; r0 is a multiple of 2W.
 template <class Kind>
 void gemm_rows(const float* x, const float* xs, const QuantizedActivations* qa, int64_t m,
-               const typename Kind::Matrix& w, float* y, int64_t r0, int64_t r1) {
-  Scratch& s = scratch();
+               const typename Kind::Matrix& w, float* y, int64_t r0, int64_t r1, Scratch& s) {
   const int64_t kb = k_blocks(w.k);
-  float* ws = grow(s.scales, static_cast<size_t>(std::max<int64_t>(kb, 1) * kTileRows));
-  float* panel = grow(s.panel, static_cast<size_t>(kKc * kQBlock * kTileRows));
-  float* acc = grow(s.acc, static_cast<size_t>(m * kTileRows));
+  float* ws = s.get<float>(ScratchSlot::LinearScales, static_cast<size_t>(std::max<int64_t>(kb, 1) * kTileRows));
+  float* panel = s.get<float>(ScratchSlot::LinearPanel, static_cast<size_t>(kKc * kQBlock * kTileRows));
+  float* acc = s.get<float>(ScratchSlot::LinearAcc, static_cast<size_t>(m * kTileRows));
   const uint8_t* blk[kTileRows];
   for (int64_t row0 = r0; row0 < r1; row0 += kTileRows) {
     const Tile<Kind> tile(w, row0, r1, s);
@@ -413,10 +396,9 @@ inline void prefetch_ahead(const typename Kind::Matrix& w, int64_t tile, int64_t
 
 template <class Kind, int M>
 void gemv_packed(const float* x, const float* xs, const QuantizedActivations* qa, const typename Kind::Matrix& w,
-                 float* y, int64_t r0, int64_t r1) {
-  Scratch& s = scratch();
+                 float* y, int64_t r0, int64_t r1, Scratch& s) {
   const int64_t kb = k_blocks(w.k);
-  float* ws = grow(s.scales, static_cast<size_t>(std::max<int64_t>(kb, 1) * kTileRows));
+  float* ws = s.get<float>(ScratchSlot::LinearScales, static_cast<size_t>(std::max<int64_t>(kb, 1) * kTileRows));
   for (int64_t row0 = r0; row0 < r1; row0 += kTileRows) {
     const int64_t tile = row0 / kTileRows;
     const int count = static_cast<int>(std::min<int64_t>(kTileRows, r1 - row0));
@@ -438,12 +420,11 @@ void gemv_packed(const float* x, const float* xs, const QuantizedActivations* qa
 
 template <class Kind>
 void gemm_packed(const float* x, const float* xs, const QuantizedActivations* qa, int64_t m,
-                 const typename Kind::Matrix& w, float* y, int64_t r0, int64_t r1) {
-  Scratch& s = scratch();
+                 const typename Kind::Matrix& w, float* y, int64_t r0, int64_t r1, Scratch& s) {
   const int64_t kb = k_blocks(w.k);
-  float* ws = grow(s.scales, static_cast<size_t>(std::max<int64_t>(kb, 1) * kTileRows));
-  float* panel = grow(s.panel, static_cast<size_t>(kKc * kQBlock * kTileRows));
-  float* acc = grow(s.acc, static_cast<size_t>(m * kTileRows));
+  float* ws = s.get<float>(ScratchSlot::LinearScales, static_cast<size_t>(std::max<int64_t>(kb, 1) * kTileRows));
+  float* panel = s.get<float>(ScratchSlot::LinearPanel, static_cast<size_t>(kKc * kQBlock * kTileRows));
+  float* acc = s.get<float>(ScratchSlot::LinearAcc, static_cast<size_t>(m * kTileRows));
   for (int64_t row0 = r0; row0 < r1; row0 += kTileRows) {
     const int64_t tile = row0 / kTileRows;
     const int count = static_cast<int>(std::min<int64_t>(kTileRows, r1 - row0));
@@ -468,8 +449,10 @@ void gemm_packed(const float* x, const float* xs, const QuantizedActivations* qa
 
 // ---- entry points ---------------------------------------------------------------------------------
 
-// act_quant of every row (quantize_row, defined by the ISA file), rows split over the pool.
-inline QuantizedActivations quantize_rows(const float* x, int64_t m, int64_t k, float prescale, bool parallel) {
+// act_quant of every row (quantize_row, defined by the ISA file), rows split over exec's workers when
+// `parallel`.
+inline QuantizedActivations quantize_rows(const Exec* ex, const float* x, int64_t m, int64_t k, float prescale,
+                                          bool parallel) {
   QuantizedActivations q;
   q.m = m;
   q.k = k;
@@ -480,8 +463,8 @@ inline QuantizedActivations quantize_rows(const float* x, int64_t m, int64_t k, 
       quantize_row(x + i * k, k, prescale, q.values.data() + i * k, q.scales.data() + i * (k / kQBlock));
     }
   };
-  if (parallel && m > 1) {
-    parallel_for(m, 1, rows);
+  if (ex != nullptr && parallel && m > 1) {
+    ex->parallel_for(m, 1, [&](int64_t i0, int64_t i1, Scratch&) { rows(i0, i1); });
   } else {
     rows(0, m);
   }
@@ -492,7 +475,7 @@ inline QuantizedActivations quantize_rows(const float* x, int64_t m, int64_t k, 
 constexpr int64_t kParallelMin = int64_t{1} << 16;
 
 template <class Kind>
-void run_linear(const float* x, int64_t m, const typename Kind::Matrix& w, float* y) {
+void run_linear(const Exec& ex, const float* x, int64_t m, const typename Kind::Matrix& w, float* y) {
   if (m <= 0 || w.n <= 0) return;
   assert((!Kind::kScaled || w.k % kQBlock == 0) && "act_quant needs K in whole blocks of 32");
   const bool parallel = w.n * w.k >= kParallelMin;
@@ -500,24 +483,18 @@ void run_linear(const float* x, int64_t m, const typename Kind::Matrix& w, float
   const float* xv = x;
   const float* xs = nullptr;
   if constexpr (Kind::kScaled) {
-    qa = quantize_rows(x, m, w.k, Kind::kPrescale, parallel);
+    qa = quantize_rows(&ex, x, m, w.k, Kind::kPrescale, parallel);
     xv = qa.values.data();
     xs = qa.scales.data();
   }
   const QuantizedActivations* qp = &qa;
-  const auto split = [&](auto body) {
-    if (parallel) {
-      parallel_for(w.n, kTileRows, body);
-    } else {
-      body(int64_t{0}, w.n);
-    }
-  };
+  const auto split = [&](auto body) { ex.run(parallel, w.n, kTileRows, body); };
   // the weights packed at load time for this level's tiles, or the checkpoint's row-major layout
   const bool packed = w.packed.tile_rows == kTileRows;
   const auto gemv = [&](auto rows) {
     constexpr int M = decltype(rows)::value;
-    split([&](int64_t r0, int64_t r1) {
-      packed ? gemv_packed<Kind, M>(xv, xs, qp, w, y, r0, r1) : gemv_rows<Kind, M>(xv, xs, qp, w, y, r0, r1);
+    split([&](int64_t r0, int64_t r1, Scratch& s) {
+      packed ? gemv_packed<Kind, M>(xv, xs, qp, w, y, r0, r1, s) : gemv_rows<Kind, M>(xv, xs, qp, w, y, r0, r1, s);
     });
   };
   switch (m <= V::kGemvRows ? m : 0) {
@@ -530,8 +507,8 @@ void run_linear(const float* x, int64_t m, const typename Kind::Matrix& w, float
     case 4:
       return gemv(std::integral_constant<int, 4>{});
     default:
-      return split([&](int64_t r0, int64_t r1) {
-        packed ? gemm_packed<Kind>(xv, xs, qp, m, w, y, r0, r1) : gemm_rows<Kind>(xv, xs, qp, m, w, y, r0, r1);
+      return split([&](int64_t r0, int64_t r1, Scratch& s) {
+        packed ? gemm_packed<Kind>(xv, xs, qp, m, w, y, r0, r1, s) : gemm_rows<Kind>(xv, xs, qp, m, w, y, r0, r1, s);
       });
   }
 }

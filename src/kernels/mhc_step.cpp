@@ -1,19 +1,16 @@
-// The mHC kernels' scalar references and the run-time choice of version (see mhc_step.h).
-#include "kernels/mhc_step.h"
-
+// The mHC ops' scalar references (the numerics are in kernels/backend.h).
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
-#include "kernels/cpu_features.h"
-#include "kernels/kernels.h"
+#include "kernels/reference.h"
 #include "numeric/formats.h"
 
 namespace dsv41 {
 
-namespace detail {
+namespace reference {
 
-void mhc_mixes_scalar(const HcShape& s, const float* X, int64_t count, const HcMixWeights& w, HcCoefficientsOut out) {
+void mhc_mixes(const HcShape& s, const float* X, int64_t count, const HcMixWeights& w, HcCoefficientsOut out) {
   const int64_t hc = s.hc, n = s.width(), mix = s.mix_count();
   std::vector<float> mixes(static_cast<size_t>(mix));
   for (int64_t i = 0; i < count; ++i) {
@@ -32,7 +29,7 @@ void mhc_mixes_scalar(const HcShape& s, const float* X, int64_t count, const HcM
   }
 }
 
-void mhc_collapse_scalar(const HcShape& s, const float* X, const float* pre, int64_t count, float* u) {
+void mhc_collapse(const HcShape& s, const float* X, const float* pre, int64_t count, float* u) {
   const int64_t hc = s.hc, d = s.dim;
   for (int64_t i = 0; i < count; ++i) {
     for (int64_t j = 0; j < d; ++j) {
@@ -43,7 +40,7 @@ void mhc_collapse_scalar(const HcShape& s, const float* X, const float* pre, int
   }
 }
 
-void mhc_expand_scalar(const HcShape& s, float* X, const float* y, const float* post, const float* comb,
+void mhc_expand(const HcShape& s, float* X, const float* y, const float* post, const float* comb,
                        int64_t count) {
   const int64_t hc = s.hc, d = s.dim;
   std::vector<float> out(static_cast<size_t>(hc * d));
@@ -61,62 +58,13 @@ void mhc_expand_scalar(const HcShape& s, float* X, const float* y, const float* 
   }
 }
 
-void mhc_step_scalar(const HcShape& s, float* X, const float* y, const HcCoefficients& prev,
+void mhc_step(const HcShape& s, float* X, const float* y, const HcCoefficients& prev,
                      const HcMixWeights& next, int64_t count, HcCoefficientsOut out, float* u) {
-  mhc_expand_scalar(s, X, y, prev.post, prev.comb, count);
-  mhc_mixes_scalar(s, X, count, next, out);
-  mhc_collapse_scalar(s, X, prev.pre, count, u);
+  mhc_expand(s, X, y, prev.post, prev.comb, count);
+  mhc_mixes(s, X, count, next, out);
+  mhc_collapse(s, X, prev.pre, count, u);
 }
 
-}  // namespace detail
-
-void mhc_mixes(const HcShape& s, const float* X, int64_t count, const HcMixWeights& w, HcCoefficientsOut out) {
-  switch (active_isa()) {
-    case Isa::avx512:
-      return detail::mhc_mixes_avx512(s, X, count, w, out);
-    case Isa::avx2:
-      return detail::mhc_mixes_avx2(s, X, count, w, out);
-    case Isa::scalar:
-      break;
-  }
-  detail::mhc_mixes_scalar(s, X, count, w, out);
-}
-
-void mhc_collapse(const HcShape& s, const float* X, const float* pre, int64_t count, float* u) {
-  switch (active_isa()) {
-    case Isa::avx512:
-      return detail::mhc_collapse_avx512(s, X, pre, count, u);
-    case Isa::avx2:
-      return detail::mhc_collapse_avx2(s, X, pre, count, u);
-    case Isa::scalar:
-      break;
-  }
-  detail::mhc_collapse_scalar(s, X, pre, count, u);
-}
-
-void mhc_expand(const HcShape& s, float* X, const float* y, const float* post, const float* comb, int64_t count) {
-  switch (active_isa()) {
-    case Isa::avx512:
-      return detail::mhc_expand_avx512(s, X, y, post, comb, count);
-    case Isa::avx2:
-      return detail::mhc_expand_avx2(s, X, y, post, comb, count);
-    case Isa::scalar:
-      break;
-  }
-  detail::mhc_expand_scalar(s, X, y, post, comb, count);
-}
-
-void mhc_step(const HcShape& s, float* X, const float* y, const HcCoefficients& prev, const HcMixWeights& next,
-              int64_t count, HcCoefficientsOut out, float* u) {
-  switch (active_isa()) {
-    case Isa::avx512:
-      return detail::mhc_step_avx512(s, X, y, prev, next, count, out, u);
-    case Isa::avx2:
-      return detail::mhc_step_avx2(s, X, y, prev, next, count, out, u);
-    case Isa::scalar:
-      break;
-  }
-  detail::mhc_step_scalar(s, X, y, prev, next, count, out, u);
-}
+}  // namespace reference
 
 }  // namespace dsv41

@@ -5,9 +5,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/kernels.h"
 #include "kernels/mhc_step.h"
-#include "kernels/thread_pool.h"
+#include "kernels/reference.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -63,23 +62,24 @@ struct V {
 
 namespace dsv41::detail {
 
-void mhc_mixes_avx2(const HcShape& s, const float* X, int64_t count, const HcMixWeights& w, HcCoefficientsOut out) {
-  if (s.hc != mhc_avx2::kHc) return mhc_mixes_scalar(s, X, count, w, out);
-  mhc_avx2::mixes(s, X, count, w, out);
+void mhc_mixes_avx2(const Exec& ex, const HcShape& s, const float* X, int64_t count, const HcMixWeights& w,
+                    HcCoefficientsOut out) {
+  if (s.hc != mhc_avx2::kHc) return reference::mhc_mixes(s, X, count, w, out);
+  mhc_avx2::mixes(ex, s, X, count, w, out);
 }
-void mhc_collapse_avx2(const HcShape& s, const float* X, const float* pre, int64_t count, float* u) {
-  if (s.hc != mhc_avx2::kHc) return mhc_collapse_scalar(s, X, pre, count, u);
-  mhc_avx2::collapse(s, X, pre, count, u);
+void mhc_collapse_avx2(const Exec& ex, const HcShape& s, const float* X, const float* pre, int64_t count, float* u) {
+  if (s.hc != mhc_avx2::kHc) return reference::mhc_collapse(s, X, pre, count, u);
+  mhc_avx2::collapse(ex, s, X, pre, count, u);
 }
-void mhc_expand_avx2(const HcShape& s, float* X, const float* y, const float* post, const float* comb,
+void mhc_expand_avx2(const Exec& ex, const HcShape& s, float* X, const float* y, const float* post, const float* comb,
                      int64_t count) {
-  if (s.hc != mhc_avx2::kHc) return mhc_expand_scalar(s, X, y, post, comb, count);
-  mhc_avx2::expand(s, X, y, post, comb, count);
+  if (s.hc != mhc_avx2::kHc) return reference::mhc_expand(s, X, y, post, comb, count);
+  mhc_avx2::expand(ex, s, X, y, post, comb, count);
 }
-void mhc_step_avx2(const HcShape& s, float* X, const float* y, const HcCoefficients& prev, const HcMixWeights& next,
-                   int64_t count, HcCoefficientsOut out, float* u) {
-  if (s.hc != mhc_avx2::kHc) return mhc_step_scalar(s, X, y, prev, next, count, out, u);
-  mhc_avx2::step(s, X, y, prev, next, count, out, u);
+void mhc_step_avx2(const Exec& ex, const HcShape& s, float* X, const float* y, const HcCoefficients& prev,
+                   const HcMixWeights& next, int64_t count, HcCoefficientsOut out, float* u) {
+  if (s.hc != mhc_avx2::kHc) return reference::mhc_step(s, X, y, prev, next, count, out, u);
+  mhc_avx2::step(ex, s, X, y, prev, next, count, out, u);
 }
 
 }  // namespace dsv41::detail
@@ -90,22 +90,23 @@ void mhc_step_avx2(const HcShape& s, float* X, const float* y, const HcCoefficie
 #pragma GCC pop_options
 #endif
 
-#else  // not x86: the references stand in
+#else  // not x86: the level is never available; the references stand in so the build links
 
 namespace dsv41::detail {
-void mhc_mixes_avx2(const HcShape& s, const float* X, int64_t count, const HcMixWeights& w, HcCoefficientsOut out) {
-  mhc_mixes_scalar(s, X, count, w, out);
+void mhc_mixes_avx2(const Exec&, const HcShape& s, const float* X, int64_t count, const HcMixWeights& w,
+                    HcCoefficientsOut out) {
+  reference::mhc_mixes(s, X, count, w, out);
 }
-void mhc_collapse_avx2(const HcShape& s, const float* X, const float* pre, int64_t count, float* u) {
-  mhc_collapse_scalar(s, X, pre, count, u);
+void mhc_collapse_avx2(const Exec&, const HcShape& s, const float* X, const float* pre, int64_t count, float* u) {
+  reference::mhc_collapse(s, X, pre, count, u);
 }
-void mhc_expand_avx2(const HcShape& s, float* X, const float* y, const float* post, const float* comb,
+void mhc_expand_avx2(const Exec&, const HcShape& s, float* X, const float* y, const float* post, const float* comb,
                      int64_t count) {
-  mhc_expand_scalar(s, X, y, post, comb, count);
+  reference::mhc_expand(s, X, y, post, comb, count);
 }
-void mhc_step_avx2(const HcShape& s, float* X, const float* y, const HcCoefficients& prev, const HcMixWeights& next,
-                   int64_t count, HcCoefficientsOut out, float* u) {
-  mhc_step_scalar(s, X, y, prev, next, count, out, u);
+void mhc_step_avx2(const Exec&, const HcShape& s, float* X, const float* y, const HcCoefficients& prev,
+                   const HcMixWeights& next, int64_t count, HcCoefficientsOut out, float* u) {
+  reference::mhc_step(s, X, y, prev, next, count, out, u);
 }
 }  // namespace dsv41::detail
 

@@ -182,7 +182,7 @@ inline void finish_token(const Step& a, const float* acc, int64_t t) {
   const float rsqrt = 1.0f / std::sqrt(acc[kSquares] / static_cast<float>(a.s.width()) + a.s.norm_eps);
   float mixes[kMix];
   for (int64_t o = 0; o < kMix; ++o) mixes[o] = acc[o] * rsqrt;
-  hc_split_sinkhorn(mixes, a.next.scale, a.next.base, static_cast<int>(kHc), a.s.sinkhorn_iters, a.s.hc_eps,
+  reference::hc_split_sinkhorn(mixes, a.next.scale, a.next.base, static_cast<int>(kHc), a.s.sinkhorn_iters, a.s.hc_eps,
                     a.out.pre + t * kHc, a.out.post + t * kHc, a.out.comb + t * kHc * kHc);
 }
 
@@ -226,42 +226,43 @@ void step_tokens(const Step& a, int64_t t0, int64_t t1) {
 // ---- entry points ---------------------------------------------------------------------------------
 
 template <bool Expand, bool Collapse>
-void run_step(const Step& a, int64_t count) {
+void run_step(const Exec& ex, const Step& a, int64_t count) {
   if (count <= 0) return;
   // Each chunk reads and transposes fn once per tile: whole tiles per chunk when there are tokens
   // enough, and no split below kMinChunk tokens, where the extra read of fn costs more than the
   // second core saves.
-  const int64_t threads = ThreadPool::global().threads();
+  const int64_t threads = ex.threads();
   const int64_t grain = std::clamp((count + threads - 1) / threads, kMinChunk, kTile);
-  parallel_for(count, grain, [&](int64_t b, int64_t e) { step_tokens<Expand, Collapse>(a, b, e); });
+  ex.parallel_for(count, grain, [&](int64_t b, int64_t e, Scratch&) { step_tokens<Expand, Collapse>(a, b, e); });
 }
 
-inline void mixes(const HcShape& s, const float* X, int64_t count, const HcMixWeights& w, HcCoefficientsOut out) {
+inline void mixes(const Exec& ex, const HcShape& s, const float* X, int64_t count, const HcMixWeights& w, HcCoefficientsOut out) {
   Step a;
   a.s = s;
   a.X = const_cast<float*>(X);  // read only: no expand
   a.next = w;
   a.out = out;
-  run_step<false, false>(a, count);
+  run_step<false, false>(ex, a, count);
 }
 
-inline void collapse(const HcShape& s, const float* X, const float* pre, int64_t count, float* u) {
+inline void collapse(const Exec& ex, const HcShape& s, const float* X, const float* pre, int64_t count, float* u) {
   const int64_t d = s.dim;
-  parallel_for(count, 1, [&](int64_t b, int64_t e) {
+  ex.parallel_for(count, 1, [&](int64_t b, int64_t e, Scratch&) {
     for (int64_t t = b; t < e; ++t) collapse_span(X + t * kHc * d, d, pre + t * kHc, u + t * d, 0, d);
   });
 }
 
-inline void expand(const HcShape& s, float* X, const float* y, const float* post, const float* comb, int64_t count) {
+inline void expand(const Exec& ex, const HcShape& s, float* X, const float* y, const float* post, const float* comb,
+                   int64_t count) {
   const int64_t d = s.dim;
-  parallel_for(count, 1, [&](int64_t b, int64_t e) {
+  ex.parallel_for(count, 1, [&](int64_t b, int64_t e, Scratch&) {
     for (int64_t t = b; t < e; ++t) {
       expand_span<false>(X + t * kHc * d, d, y + t * d, post + t * kHc, comb + t * kHc * kHc, nullptr, nullptr, 0, d);
     }
   });
 }
 
-inline void step(const HcShape& s, float* X, const float* y, const HcCoefficients& prev, const HcMixWeights& next,
+inline void step(const Exec& ex, const HcShape& s, float* X, const float* y, const HcCoefficients& prev, const HcMixWeights& next,
                  int64_t count, HcCoefficientsOut out, float* u) {
-  run_step<true, true>(Step{s, X, y, prev, next, out, u}, count);
+  run_step<true, true>(ex, Step{s, X, y, prev, next, out, u}, count);
 }

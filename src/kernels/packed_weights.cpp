@@ -1,34 +1,16 @@
 #include "kernels/packed_weights.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 
-#include "kernels/cpu_features.h"
-#include "kernels/thread_pool.h"
 
 namespace dsv41 {
 
 namespace {
 
 constexpr int64_t kKBlock = 32;
-
-// 64-byte aligned storage, not zeroed: the packing threads write every byte, so the pages are first
-// touched (and cleared by the kernel) on both cores, not on the loading thread. Buffers of a few MB
-// and more ask for transparent huge pages, which spare the decode loop's streaming reads most of
-// their TLB misses.
-uint8_t* allocate(int64_t bytes) {
-  constexpr size_t kHuge = size_t{2} << 20;
-  const size_t size = static_cast<size_t>(std::max<int64_t>(bytes, 1));
-  const size_t align = size >= kHuge ? kHuge : 64;
-  void* p = std::aligned_alloc(align, (size + align - 1) / align * align);
-  if (p == nullptr) throw std::bad_alloc();
-  if (align == kHuge) madvise(p, size, MADV_HUGEPAGE);  // a hint: ignored where THP is off
-  return static_cast<uint8_t*>(p);
-}
 
 // One tile: `count` rows of `cols` elements T, written column by column with `tile_rows` slots per
 // column, then zeros for the missing rows and for the columns up to `padded_cols`. Rows are read 64
@@ -54,8 +36,6 @@ void transpose_tile(const uint8_t* rows, int64_t count, int64_t row_bytes, int64
 
 }  // namespace
 
-void PackedWeights::Free::operator()(uint8_t* p) const { std::free(p); }
-
 PackedView PackedView::from_row(int64_t row0) const {
   if (tile_rows == 0) return *this;
   if (row0 % tile_rows != 0) return {};  // not on a tile boundary: the kernels read the row-major view
@@ -67,29 +47,31 @@ PackedView PackedView::from_row(int64_t row0) const {
   return v;
 }
 
-PackedWeights::PackedWeights(const uint8_t* rows, int64_t n, int64_t row_bytes, int64_t padded_row_bytes,
-                             int elem_bytes, int tile_rows, const uint8_t* row_scales, int64_t scale_cols,
-                             bool nan_check) {
+// The buffers are not zeroed: the packing threads write every byte, so the pages are first touched
+// (and cleared by the kernel) on every core, not on the loading thread.
+PackedWeights::PackedWeights(const Exec& exec, Allocator& allocator, const uint8_t* rows, int64_t n,
+                             int64_t row_bytes, int64_t padded_row_bytes, int elem_bytes, int tile_rows,
+                             const uint8_t* row_scales, int64_t scale_cols, bool nan_check) {
   const int64_t tiles = (n + tile_rows - 1) / tile_rows;
   const int64_t real_cols = row_bytes / elem_bytes, padded_cols = padded_row_bytes / elem_bytes;
   view_.tile_rows = tile_rows;
   view_.tile_bytes = padded_row_bytes * tile_rows;
-  tiles_.reset(allocate(tiles * view_.tile_bytes));
-  view_.tiles = tiles_.get();
+  tiles_ = Buffer(allocator, static_cast<size_t>(tiles * view_.tile_bytes));
+  view_.tiles = tiles_.data();
   if (row_scales != nullptr) {
     view_.scale_tile_bytes = scale_cols * tile_rows;
-    scales_.reset(allocate(tiles * view_.scale_tile_bytes));
-    view_.scales = scales_.get();
+    scales_ = Buffer(allocator, static_cast<size_t>(tiles * view_.scale_tile_bytes));
+    view_.scales = scales_.data();
   }
   if (nan_check) {
-    nan_tiles_.reset(allocate(tiles));
-    view_.nan_tiles = nan_tiles_.get();
+    nan_tiles_ = Buffer(allocator, static_cast<size_t>(tiles));
+    view_.nan_tiles = nan_tiles_.data();
   }
-  uint8_t* out = tiles_.get();
-  uint8_t* scales = scales_.get();
-  uint8_t* nan = nan_tiles_.get();
+  uint8_t* out = tiles_.data();
+  uint8_t* scales = scales_.data();
+  uint8_t* nan = nan_tiles_.data();
   // Tiles are independent; each reads its rows column by column and writes its block in order.
-  parallel_for(tiles, 1, [&](int64_t t0, int64_t t1) {
+  exec.parallel_for(tiles, 1, [&](int64_t t0, int64_t t1, Scratch&) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r0 = t * tile_rows, count = std::min<int64_t>(tile_rows, n - r0);
       uint8_t* tile = out + t * view_.tile_bytes;
@@ -118,36 +100,23 @@ PackedWeights::PackedWeights(const uint8_t* rows, int64_t n, int64_t row_bytes, 
   });
 }
 
-PackedView PackedWeights::view() const { return view_; }
-
-int packed_tile_rows() {
-  switch (active_isa()) {
-    case Isa::avx512:
-      return 32;
-    case Isa::avx2:
-      return 16;
-    case Isa::scalar:
-      break;
-  }
-  return 0;
-}
-
 namespace {
 int64_t padded(int64_t k) { return (k + kKBlock - 1) / kKBlock * kKBlock; }
 }  // namespace
 
-std::unique_ptr<PackedWeights> pack_fp8(const Fp8Matrix& w, int tile_rows) {
-  return std::make_unique<PackedWeights>(w.w, w.n, w.k, padded(w.k), 1, tile_rows, nullptr, 0, true);
+std::unique_ptr<PackedWeights> pack_fp8(const Exec& exec, Allocator& allocator, const Fp8Matrix& w, int tile_rows) {
+  return std::make_unique<PackedWeights>(exec, allocator, w.w, w.n, w.k, padded(w.k), 1, tile_rows, nullptr, 0, true);
 }
 
-std::unique_ptr<PackedWeights> pack_fp4(const Fp4Matrix& w, int tile_rows) {
+std::unique_ptr<PackedWeights> pack_fp4(const Exec& exec, Allocator& allocator, const Fp4Matrix& w, int tile_rows) {
   // one column = one byte = two consecutive k (low nibble first), as in the checkpoint
-  return std::make_unique<PackedWeights>(w.w, w.n, w.k / 2, padded(w.k) / 2, 1, tile_rows, w.scale, w.k / kKBlock,
+  return std::make_unique<PackedWeights>(exec, allocator, w.w, w.n, w.k / 2, padded(w.k) / 2, 1, tile_rows, w.scale, w.k / kKBlock,
                                          false);
 }
 
-std::unique_ptr<PackedWeights> pack_bf16(const Bf16Matrix& w, int tile_rows) {
-  return std::make_unique<PackedWeights>(reinterpret_cast<const uint8_t*>(w.w), w.n, w.k * 2, padded(w.k) * 2, 2,
+std::unique_ptr<PackedWeights> pack_bf16(const Exec& exec, Allocator& allocator, const Bf16Matrix& w,
+                                         int tile_rows) {
+  return std::make_unique<PackedWeights>(exec, allocator, reinterpret_cast<const uint8_t*>(w.w), w.n, w.k * 2, padded(w.k) * 2, 2,
                                          tile_rows, nullptr, 0, false);
 }
 

@@ -17,36 +17,33 @@
 #include <cstdint>
 #include <memory>
 
-#include "kernels/kernels.h"
+#include "kernels/allocator.h"
+#include "kernels/exec.h"
+#include "kernels/op_types.h"
 
 namespace dsv41 {
 
-// Owns the packed bytes of one matrix (64-byte aligned, huge pages requested where it is large).
+// Owns the packed bytes of one matrix, in memory from the backend's allocator.
 class PackedWeights {
  public:
   // Packs `n` rows of `row_bytes` bytes (elements of `elem_bytes`), padding each row to
-  // `padded_row_bytes`. For FP4 pass the row-major scale codes ([n, scale_cols]); for FP8 pass
-  // nan_check = true to flag tiles holding an E4M3 NaN code (0x7F/0xFF).
-  PackedWeights(const uint8_t* rows, int64_t n, int64_t row_bytes, int64_t padded_row_bytes, int elem_bytes,
-                int tile_rows, const uint8_t* row_scales, int64_t scale_cols, bool nan_check);
-  PackedView view() const;
+  // `padded_row_bytes`, tiles split over `exec`'s workers. For FP4 pass the row-major scale codes
+  // ([n, scale_cols]); for FP8 pass nan_check = true to flag tiles holding an E4M3 NaN code (0x7F/0xFF).
+  PackedWeights(const Exec& exec, Allocator& allocator, const uint8_t* rows, int64_t n, int64_t row_bytes,
+                int64_t padded_row_bytes, int elem_bytes, int tile_rows, const uint8_t* row_scales, int64_t scale_cols,
+                bool nan_check);
+  PackedView view() const { return view_; }
+  size_t bytes() const { return tiles_.size() + scales_.size() + nan_tiles_.size(); }
 
  private:
-  struct Free {
-    void operator()(uint8_t* p) const;
-  };
-  std::unique_ptr<uint8_t, Free> tiles_, scales_, nan_tiles_;
+  Buffer tiles_, scales_, nan_tiles_;
   PackedView view_;
 };
 
-// Rows per tile for the active instruction set's kernels (2 vectors of fp32 lanes), 0 when the
-// scalar reference runs and packing would not be read.
-int packed_tile_rows();
-
-// Packed copies of the three matrix kinds; the returned object must outlive every view that points
-// into it (set_packed stores the view in the matrix).
-std::unique_ptr<PackedWeights> pack_fp8(const Fp8Matrix& w, int tile_rows);
-std::unique_ptr<PackedWeights> pack_fp4(const Fp4Matrix& w, int tile_rows);
-std::unique_ptr<PackedWeights> pack_bf16(const Bf16Matrix& w, int tile_rows);
+// Packed copies of the three matrix kinds in tiles of `tile_rows` rows; the returned object must
+// outlive every view that points into it.
+std::unique_ptr<PackedWeights> pack_fp8(const Exec& exec, Allocator& allocator, const Fp8Matrix& w, int tile_rows);
+std::unique_ptr<PackedWeights> pack_fp4(const Exec& exec, Allocator& allocator, const Fp4Matrix& w, int tile_rows);
+std::unique_ptr<PackedWeights> pack_bf16(const Exec& exec, Allocator& allocator, const Bf16Matrix& w, int tile_rows);
 
 }  // namespace dsv41

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "kernels/kernels.h"
+#include "kernels/reference.h"
 #include "numeric/formats.h"
 
 namespace dsv41 {
@@ -58,12 +58,14 @@ RopeTable::RopeTable(int64_t rope_dim, int64_t original_seq_len, double base, do
   }
 }
 
-void RopeTable::apply(float* x, int64_t pos, bool inverse) const {
+namespace {
+
+void rotate(const std::vector<float>& freqs, float* x, int64_t pos, bool inverse) {
   // torch.outer(arange(seqlen) int64, freqs fp32) promotes the position to fp32 and rounds the
   // product to fp32, so the angle is fp32(float(pos) · f) — never a double product.
   const float p = static_cast<float>(pos);
-  for (size_t i = 0; i < freqs_.size(); ++i) {
-    const float angle = p * freqs_[i];
+  for (size_t i = 0; i < freqs.size(); ++i) {
+    const float angle = p * freqs[i];
     // cos/sin of that fp32 angle, evaluated in double and rounded once: correctly rounded in
     // practice, where torch's vectorized fp32 cos/sin are within 1 ulp of it.
     const float c = static_cast<float>(std::cos(static_cast<double>(angle)));
@@ -76,5 +78,17 @@ void RopeTable::apply(float* x, int64_t pos, bool inverse) const {
     x[2 * i + 1] = round_bf16(ad + bc);
   }
 }
+
+}  // namespace
+
+namespace reference {
+
+void rope(const RopeTable& table, const RotaryRows& r, bool inverse) {
+  for (int64_t i = 0; i < r.rows; ++i) {
+    rotate(table.freqs(), r.x + i * r.stride, r.first + (i / r.rows_per_position) * r.step, inverse);
+  }
+}
+
+}  // namespace reference
 
 }  // namespace dsv41

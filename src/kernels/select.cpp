@@ -4,9 +4,9 @@
 #include <cassert>
 #include <numeric>
 
-#include "kernels/kernels.h"
+#include "kernels/reference.h"
 
-namespace dsv41 {
+namespace dsv41::reference {
 
 std::vector<int32_t> topk_ascending(const float* scores, int64_t n, int64_t k) {
   assert(k >= 0 && k <= n);
@@ -40,4 +40,4 @@ std::vector<int32_t> select_candidate_blocks(const float* scores, int64_t n, int
   return kept;
 }
 
-}  // namespace dsv41
+}  // namespace dsv41::reference

@@ -10,8 +10,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/kv_rows.h"
 #include "kernels/linear_internal.h"
-#include "kernels/thread_pool.h"
+#include "kernels/reference.h"
 #include "numeric/formats.h"
 #include "numeric/quant.h"
 
@@ -317,24 +318,24 @@ inline void quantize_row(const float* x, int64_t k, float prescale, float* out, 
 
 namespace dsv41::detail {
 
-void linear_fp8_avx2(const float* x, int64_t m, const Fp8Matrix& w, float* y) {
-  avx2::run_linear<avx2::Fp8Kind>(x, m, w, y);
+void linear_fp8_avx2(const Exec& ex, const float* x, int64_t m, const Fp8Matrix& w, float* y) {
+  avx2::run_linear<avx2::Fp8Kind>(ex, x, m, w, y);
 }
-void linear_fp4_avx2(const float* x, int64_t m, const Fp4Matrix& w, float* y) {
-  avx2::run_linear<avx2::Fp4Kind>(x, m, w, y);
+void linear_fp4_avx2(const Exec& ex, const float* x, int64_t m, const Fp4Matrix& w, float* y) {
+  avx2::run_linear<avx2::Fp4Kind>(ex, x, m, w, y);
 }
-void linear_bf16_avx2(const float* x, int64_t m, const Bf16Matrix& w, float* y) {
-  avx2::run_linear<avx2::Bf16Kind<false>>(x, m, w, y);
+void linear_bf16_avx2(const Exec& ex, const float* x, int64_t m, const Bf16Matrix& w, float* y) {
+  avx2::run_linear<avx2::Bf16Kind<false>>(ex, x, m, w, y);
 }
-void linear_f32_avx2(const float* x, int64_t m, const Bf16Matrix& w, float* y) {
-  avx2::run_linear<avx2::Bf16Kind<true>>(x, m, w, y);
+void linear_f32_avx2(const Exec& ex, const float* x, int64_t m, const Bf16Matrix& w, float* y) {
+  avx2::run_linear<avx2::Bf16Kind<true>>(ex, x, m, w, y);
 }
 QuantizedActivations quantize_activations_avx2(const float* x, int64_t m, int64_t k, float prescale) {
-  return avx2::quantize_rows(x, m, k, prescale, false);
+  return avx2::quantize_rows(nullptr, x, m, k, prescale, false);
 }
-void sparse_attention_avx2(const float* q, int64_t heads, int64_t d, const std::vector<const float*>& rows,
-                         const float* sink, float scale, float* out) {
-  avx2::sparse_attention_simd(q, heads, d, rows, sink, scale, out);
+void sparse_attention_avx2(const Exec& ex, const float* q, int64_t heads, int64_t d, const KvRows& rows,
+                          const float* sink, float scale, float* out) {
+  avx2::sparse_attention_simd(ex, q, heads, d, rows, sink, scale, out);
 }
 
 }  // namespace dsv41::detail
@@ -345,19 +346,27 @@ void sparse_attention_avx2(const float* q, int64_t heads, int64_t d, const std::
 #pragma GCC pop_options
 #endif
 
-#else  // not x86: the references stand in
+#else  // not x86: the level is never available; the references stand in so the build links
 
 namespace dsv41::detail {
-void linear_fp8_avx2(const float* x, int64_t m, const Fp8Matrix& w, float* y) { linear_fp8_scalar(x, m, w, y); }
-void linear_fp4_avx2(const float* x, int64_t m, const Fp4Matrix& w, float* y) { linear_fp4_scalar(x, m, w, y); }
-void linear_bf16_avx2(const float* x, int64_t m, const Bf16Matrix& w, float* y) { linear_bf16_scalar(x, m, w, y); }
-void linear_f32_avx2(const float* x, int64_t m, const Bf16Matrix& w, float* y) { linear_f32_scalar(x, m, w, y); }
-QuantizedActivations quantize_activations_avx2(const float* x, int64_t m, int64_t k, float prescale) {
-  return quantize_activations(x, m, k, prescale, false);
+void linear_fp8_avx2(const Exec&, const float* x, int64_t m, const Fp8Matrix& w, float* y) {
+  reference::linear_fp8(x, m, w, y);
 }
-void sparse_attention_avx2(const float* q, int64_t heads, int64_t d, const std::vector<const float*>& rows,
-                         const float* sink, float scale, float* out) {
-  sparse_attention_scalar(q, heads, d, rows, sink, scale, out);
+void linear_fp4_avx2(const Exec&, const float* x, int64_t m, const Fp4Matrix& w, float* y) {
+  reference::linear_fp4(x, m, w, y);
+}
+void linear_bf16_avx2(const Exec&, const float* x, int64_t m, const Bf16Matrix& w, float* y) {
+  reference::linear_bf16(x, m, w, y);
+}
+void linear_f32_avx2(const Exec&, const float* x, int64_t m, const Bf16Matrix& w, float* y) {
+  reference::linear_f32(x, m, w, y);
+}
+QuantizedActivations quantize_activations_avx2(const float* x, int64_t m, int64_t k, float prescale) {
+  return quantize_activations(x, m, k, prescale);
+}
+void sparse_attention_avx2(const Exec&, const float* q, int64_t heads, int64_t d, const KvRows& rows,
+                          const float* sink, float scale, float* out) {
+  reference::sparse_attention(q, heads, d, rows, sink, scale, out);
 }
 }  // namespace dsv41::detail
 

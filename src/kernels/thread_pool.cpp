@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -11,10 +10,6 @@
 namespace dsv41 {
 
 namespace {
-
-// True on pool workers, and on a caller while it runs its own share: a parallel_for made there
-// runs inline instead of waiting for workers that are busy with the outer call.
-thread_local bool t_inside_pool = false;
 
 // Between decode-step kernels the gaps are tens of microseconds: waiting that long in a spin loop
 // answers the next call in nanoseconds, where parking on a futex would cost a few microseconds of
@@ -50,50 +45,49 @@ T wait_for_change(const std::atomic<T>& value, T old) {
 
 }  // namespace
 
-ThreadPool::ThreadPool(int threads) { start(threads); }
-
-ThreadPool::~ThreadPool() { stop(); }
-
-ThreadPool& ThreadPool::global() {
-  // Never destroyed: a static destructor joining workers could run while another static's
-  // destructor still uses kernels; the parked workers simply end with the process.
-  static ThreadPool* pool = new ThreadPool(default_threads());
-  return *pool;
-}
-
-int ThreadPool::default_threads() {
-  if (const char* env = std::getenv("DSV41_THREADS"); env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    const long v = std::strtol(env, &end, 10);
-    if (end != env && *end == '\0' && v > 0 && v <= 1024) return static_cast<int>(v);
-  }
+int ThreadPool::hardware_threads() {
   const unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : static_cast<int>(hw);
 }
 
-void ThreadPool::start(int threads) {
-  threads_ = std::max(1, threads);
-  stopping_.store(false, std::memory_order_relaxed);
+ThreadPool::ThreadPool(int threads) : threads_(std::max(1, threads)) {
   workers_.reserve(static_cast<size_t>(threads_ - 1));
-  // Workers wait for the generation to move past today's: earlier jobs (before a resize) are done.
-  const uint64_t now = generation_.load(std::memory_order_relaxed);
-  for (int i = 1; i < threads_; ++i) workers_.emplace_back([this, now] { worker(now); });
+  for (int i = 1; i < threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  for (const std::thread& t : workers_) worker_ids_.push_back(t.get_id());
 }
 
-void ThreadPool::stop() {
+ThreadPool::~ThreadPool() {
   stopping_.store(true, std::memory_order_relaxed);
   generation_.fetch_add(1, std::memory_order_release);
   generation_.notify_all();
   for (auto& t : workers_) t.join();
-  workers_.clear();
 }
 
-void ThreadPool::resize(int threads) {
-  stop();
-  start(threads);
+ThreadPool::Claim ThreadPool::claim() {
+  const std::thread::id me = std::this_thread::get_id();
+  for (;;) {
+    bool expected = false;
+    if (busy_.compare_exchange_strong(expected, true, std::memory_order_acquire)) {
+      owner_.store(me, std::memory_order_relaxed);
+      return {0, true};
+    }
+    // Held: by this thread (a call nested in its own job), by a worker of ours inside the job, or by
+    // another thread, whose job this one waits out.
+    if (owner_.load(std::memory_order_relaxed) == me) return {0, false};
+    for (size_t i = 0; i < worker_ids_.size(); ++i) {
+      if (worker_ids_[i] == me) return {static_cast<int>(i) + 1, false};
+    }
+    busy_.wait(true, std::memory_order_relaxed);
+  }
 }
 
-void ThreadPool::run_chunks() noexcept {
+void ThreadPool::release() noexcept {
+  owner_.store(std::thread::id{}, std::memory_order_relaxed);
+  busy_.store(false, std::memory_order_release);
+  busy_.notify_all();
+}
+
+void ThreadPool::run_chunks(int worker) noexcept {
   const Job& job = job_;
   for (;;) {
     const int64_t c = next_chunk_.fetch_add(1, std::memory_order_relaxed);
@@ -103,7 +97,7 @@ void ThreadPool::run_chunks() noexcept {
     const int64_t end = std::min(job.n, job.units * (c + 1) / job.chunks * job.grain);
     if (begin >= end) continue;
     try {
-      job.call(job.ctx, begin, end);
+      job.call(job.ctx, begin, end, worker);
     } catch (...) {
       const std::lock_guard<std::mutex> lock(error_mutex_);
       if (!error_) error_ = std::current_exception();
@@ -111,23 +105,32 @@ void ThreadPool::run_chunks() noexcept {
   }
 }
 
-void ThreadPool::worker(uint64_t seen) {
-  t_inside_pool = true;
+void ThreadPool::worker_loop(int worker) {
+  uint64_t seen = 0;
   for (;;) {
     seen = wait_for_change(generation_, seen);
     if (stopping_.load(std::memory_order_relaxed)) return;
-    run_chunks();
+    run_chunks(worker);
     if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
   }
 }
 
-void ThreadPool::run(int64_t n, int64_t grain, RangeFn call, void* ctx) {
+void ThreadPool::run(int64_t n, int64_t grain, bool split, RangeFn call, void* ctx) {
   if (n <= 0) return;
+  const Claim c = claim();
+  if (!c.owner) {
+    call(ctx, 0, n, c.worker);
+    return;
+  }
+  struct Release {
+    ThreadPool* pool;
+    ~Release() { pool->release(); }
+  } released{this};
   grain = std::max<int64_t>(grain, 1);
   const int64_t units = (n + grain - 1) / grain;
   const int64_t chunks = std::min<int64_t>(units, int64_t{kChunksPerThread} * threads_);
-  if (threads_ <= 1 || chunks <= 1 || t_inside_pool || busy_.exchange(true, std::memory_order_acquire)) {
-    call(ctx, 0, n);
+  if (!split || threads_ <= 1 || chunks <= 1) {
+    call(ctx, 0, n, 0);
     return;
   }
   job_ = Job{call, ctx, n, grain, units, chunks};
@@ -136,9 +139,7 @@ void ThreadPool::run(int64_t n, int64_t grain, RangeFn call, void* ctx) {
   generation_.fetch_add(1, std::memory_order_release);  // publishes job_, next_chunk_ and pending_
   generation_.notify_all();
 
-  t_inside_pool = true;
-  run_chunks();
-  t_inside_pool = false;
+  run_chunks(0);
 
   for (int left = pending_.load(std::memory_order_acquire); left != 0;) {
     left = wait_for_change(pending_, left);
@@ -148,7 +149,6 @@ void ThreadPool::run(int64_t n, int64_t grain, RangeFn call, void* ctx) {
     const std::lock_guard<std::mutex> lock(error_mutex_);
     std::swap(error, error_);
   }
-  busy_.store(false, std::memory_order_release);
   if (error) std::rethrow_exception(error);
 }
 

@@ -3,17 +3,18 @@
 // selects. A KV source also runs its compressor and publishes rows and index keys; an index source
 // publishes its top-k; everyone else reads what their source published (LayerRole says which).
 //
-// It runs in three stages so that a decode step over several sequences reads each projection's
-// weights once: project_attention (everything that depends only on a token's own row) and
+// It runs in three stages so that a step over several sequences reads each projection's weights
+// once: project_attention (everything that depends only on a token's own row) and
 // output_projection run once over the rows of all sequences; attention_core (everything that depends
-// on the sequence's position and state) runs per sequence on its rows.
+// on the sequence's position and state) runs per sequence on its rows. Every piece of math is an op
+// of the backend.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "io/config.h"
-#include "kernels/kernels.h"
+#include "kernels/backend.h"
 #include "model/forward_context.h"
 #include "io/layer_roles.h"
 #include "model/sequence_state.h"
@@ -48,8 +49,8 @@ struct SequenceRows {
 
 // x: [count, dim] (attn_norm outputs, bf16 values). `replay` leaves out the compressor's rows (a
 // replayed call does not compress).
-AttentionProjection project_attention(const ModelConfig& config, const LayerRole& role, const AttentionWeights& w,
-                                      const float* x, int64_t count, bool replay);
+AttentionProjection project_attention(const Backend& be, const ModelConfig& config, const LayerRole& role,
+                                      const AttentionWeights& w, const float* x, int64_t count, bool replay);
 
 // The rows from `first` on (a sequence's share of a projection over several sequences).
 SequenceRows sequence_rows(const ModelConfig& config, AttentionProjection& p, int64_t first);
@@ -57,17 +58,12 @@ SequenceRows sequence_rows(const ModelConfig& config, AttentionProjection& p, in
 // The state-dependent part for one sequence's ctx.count rows at positions ctx.start..: RoPE, the
 // window ring, the compressor and what a source publishes, the indexer, sparse attention.
 // o: [count, n_heads·head_dim], the attention output before output_projection.
-void attention_core(const ModelConfig& config, const LayerRole& role, const AttentionWeights& w,
+void attention_core(const Backend& be, const ModelConfig& config, const LayerRole& role, const AttentionWeights& w,
                     const RopeTable& rope, const SequenceRows& rows, ForwardContext& ctx, SequenceState& state,
                     float* o);
 
 // The attention output [count, heads·head_dim] (bf16 values) through the grouped O-LoRA: out[count, dim].
-void output_projection(const ModelConfig& config, const AttentionWeights& w, const float* o, int64_t count, float* out);
-
-// All three stages for one sequence: x: [count, dim] (attn_norm output, bf16 values) at positions
-// ctx.start.. ; out: [count, dim].
-void attention_forward(const ModelConfig& config, const LayerRole& role, const AttentionWeights& w,
-                       const RopeTable& rope, const float* x, ForwardContext& ctx, SequenceState& state,
-                       float* out);
+void output_projection(const Backend& be, const ModelConfig& config, const AttentionWeights& w, const float* o,
+                       int64_t count, float* out);
 
 }  // namespace dsv41

@@ -1,10 +1,5 @@
 #include "model/engram.h"
 
-#include <cmath>
-
-#include "kernels/engram_rows.h"
-#include "kernels/kernels.h"
-#include "numeric/formats.h"
 #include "util/error.h"
 
 namespace dsv41 {
@@ -66,35 +61,15 @@ std::vector<int64_t> EngramHasher::row_ids(int slot, const std::vector<int64_t>&
   return out;
 }
 
-void engram_forward(const ModelConfig& c, const EngramWeights& w, const uint8_t* codes, const uint8_t* scales,
-                    int64_t s, float* X) {
+void engram_forward(const Backend& be, const ModelConfig& c, const EngramWeights& w, const uint8_t* codes,
+                    const uint8_t* scales, int64_t s, float* X) {
   const int64_t d = c.dim, hc = c.hc_mult, hd = c.engram_head_dim, cols = c.engram_hash_columns();
-  // dequantize the gathered rows: fp8 · 2^(e8m0 − 127) per 32 channels, to bf16
+  // the gathered rows dequantized to bf16, one key per copy and the value from them, then the gate
   std::vector<float> rows(static_cast<size_t>(s * cols * hd));
-  dequantize_engram_rows(codes, scales, s * cols, hd, rows.data());
+  be.engram_rows(codes, scales, s * cols, hd, rows.data());
   std::vector<float> kv(static_cast<size_t>(s * (hc + 1) * d));
-  linear_fp8(rows.data(), s, w.wkv, kv.data());
-  const float eps = static_cast<float>(c.norm_eps);
-  const float inv_sqrt_dim = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
-  for (int64_t i = 0; i < s; ++i) {
-    const float* value = &kv[(i * (hc + 1) + hc) * d];
-    for (int64_t cp = 0; cp < hc; ++cp) {
-      float* h = &X[(i * hc + cp) * d];
-      const float* key = &kv[(i * (hc + 1) + cp) * d];
-      const float* qk = &w.qk[cp * d];
-      float hh = 0, kk = 0, dot = 0;
-      for (int64_t j = 0; j < d; ++j) {
-        hh += h[j] * h[j];
-        kk += key[j] * key[j];
-        dot += h[j] * qk[j] * key[j];
-      }
-      // normalised per copy over dim: the rsqrt product is formed first, then applied
-      const float rstd = (1.0f / std::sqrt(hh / static_cast<float>(d) + eps)) * (1.0f / std::sqrt(kk / static_cast<float>(d) + eps));
-      dot = dot * rstd * inv_sqrt_dim;
-      const float gate = 1.0f / (1.0f + std::exp(-std::copysign(std::sqrt(std::max(std::fabs(dot), 1e-6f)), dot)));
-      for (int64_t j = 0; j < d; ++j) h[j] = round_bf16(h[j] + gate * value[j]);
-    }
-  }
+  be.linear_fp8(rows.data(), s, w.wkv, kv.data());
+  be.engram_gate(X, s, hc, d, kv.data(), w.qk.data(), static_cast<float>(c.norm_eps));
 }
 
 }  // namespace dsv41

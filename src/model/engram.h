@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "io/config.h"
+#include "kernels/backend.h"
 #include "io/engram_layout.h"
 #include "model/weights.h"
 #include "text/engram_token_map.h"
@@ -34,7 +35,7 @@ class EngramHasher {
 
 // X: [count, hc, dim] residual stream (bf16 values), updated in place. `codes` and `scales` are the
 // gathered table rows (count × hash columns of them) as EngramStore::gather returns them.
-void engram_forward(const ModelConfig& config, const EngramWeights& w, const uint8_t* codes, const uint8_t* scales,
-                    int64_t count, float* X);
+void engram_forward(const Backend& be, const ModelConfig& config, const EngramWeights& w, const uint8_t* codes,
+                    const uint8_t* scales, int64_t count, float* X);
 
 }  // namespace dsv41

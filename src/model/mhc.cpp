@@ -1,6 +1,5 @@
 #include "model/mhc.h"
 
-#include "kernels/mhc_step.h"
 #include "util/error.h"
 
 namespace dsv41 {
@@ -38,27 +37,27 @@ HcCoefficientsOut outputs(Mixes& m) { return {m.pre.data(), m.post.data(), m.com
 
 }  // namespace
 
-Mixes hc_mixes(const ModelConfig& c, const float* X, int64_t count, const std::vector<float>& fn,
+Mixes hc_mixes(const Backend& be, const ModelConfig& c, const float* X, int64_t count, const std::vector<float>& fn,
                const std::vector<float>& scale, const std::vector<float>& base) {
   const HcShape s = shape(c);
   Mixes m = sized(s, count);
-  mhc_mixes(s, X, count, mix_weights(s, fn, scale, base), outputs(m));
+  be.mhc_mixes(s, X, count, mix_weights(s, fn, scale, base), outputs(m));
   return m;
 }
 
-void hc_pre(const ModelConfig& c, const float* X, const float* pre, int64_t count, float* y) {
-  mhc_collapse(shape(c), X, pre, count, y);
+void hc_pre(const Backend& be, const ModelConfig& c, const float* X, const float* pre, int64_t count, float* y) {
+  be.mhc_collapse(shape(c), X, pre, count, y);
 }
 
-void hc_post(const ModelConfig& c, float* X, const float* y, const Mixes& m, int64_t count) {
-  mhc_expand(shape(c), X, y, m.post.data(), m.comb.data(), count);
+void hc_post(const Backend& be, const ModelConfig& c, float* X, const float* y, const Mixes& m, int64_t count) {
+  be.mhc_expand(shape(c), X, y, m.post.data(), m.comb.data(), count);
 }
 
-Mixes hc_step(const ModelConfig& c, float* X, const float* y, const Mixes& prev, const std::vector<float>& fn,
+Mixes hc_step(const Backend& be, const ModelConfig& c, float* X, const float* y, const Mixes& prev, const std::vector<float>& fn,
               const std::vector<float>& scale, const std::vector<float>& base, int64_t count, float* u) {
   const HcShape s = shape(c);
   Mixes m = sized(s, count);
-  mhc_step(s, X, y, {prev.pre.data(), prev.post.data(), prev.comb.data()}, mix_weights(s, fn, scale, base), count,
+  be.mhc_step(s, X, y, {prev.pre.data(), prev.post.data(), prev.comb.data()}, mix_weights(s, fn, scale, base), count,
            outputs(m), u);
   return m;
 }

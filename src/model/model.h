@@ -1,7 +1,8 @@
 // The V4.1 forward pass (model-spec §3): embedding into hc_mult stream copies, Engram before its
 // layers, blocks of mHC-wrapped attention and MoE with the single-pass handoff of `pre`, the final
-// collapse, norm and fp32 head. A pure function of (weights, tokens, sequence state): everything that
-// must outlive a call is in SequenceState.
+// collapse, norm and fp32 head — model/blocks.h's skeleton, with every piece of math an op of the
+// model's backend. A pure function of (weights, tokens, sequence state): everything that must
+// outlive a call is in SequenceState.
 #pragma once
 
 #include <cstdint>
@@ -9,10 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "kernels/kernels.h"
+#include "io/engram_store.h"
+#include "io/layer_roles.h"
+#include "kernels/backend.h"
 #include "model/engram.h"
 #include "model/forward_context.h"
-#include "io/layer_roles.h"
 #include "model/sequence_state.h"
 #include "model/weights.h"
 
@@ -31,6 +33,7 @@ struct ForwardOptions {
   // these positions already exist and are read, never rewritten.
   bool replay = false;
   bool record_compressor_rows = false;  // speculative verification (ForwardResult::compressor_*)
+  bool dspark_taps = false;             // the drafter's inputs (ForwardResult::dspark_taps)
 };
 
 struct ForwardResult {
@@ -43,13 +46,21 @@ struct ForwardResult {
   std::vector<IndexCapture> index;   // [layer] when capture_index
 };
 
+// One sequence's part of a forward over several: `tokens` at positions state->length.., which the
+// call advances.
+struct ForwardCall {
+  SequenceState* state = nullptr;
+  std::vector<int32_t> tokens;
+  ForwardOptions options;
+};
 
 class Model {
  public:
-  Model(std::shared_ptr<const ModelWeights> weights, EngramTokenMap token_map);
+  Model(std::shared_ptr<const Backend> backend, std::shared_ptr<const ModelWeights> weights, EngramTokenMap token_map);
   const ModelConfig& config() const { return weights_->config(); }
   const std::vector<LayerRole>& roles() const { return roles_; }
   const ModelWeights& weights() const { return *weights_; }
+  const Backend& backend() const { return *backend_; }
   // The rotary table of a layer: compress theta with YaRN for ratio > 0, the base theta otherwise.
   const RopeTable& rope(int layer) const { return roles_[layer].compress_ratio > 0 ? rope_compressed_ : rope_window_; }
 
@@ -58,21 +69,20 @@ class Model {
   // The Engram n-gram history after `tokens` (the compressed ids of the last max_ngram-1 of them).
   std::vector<int64_t> engram_history(const std::vector<int32_t>& tokens) const;
 
-  // One decode step for several sequences at once: token i is appended to states[i]. Only the
-  // state-dependent parts (attention's core: RoPE, windows, compressed rows, the indexer, sparse
-  // attention; Engram history and row fetches) run per sequence; every weight-streaming part (the
-  // attention projections, the Engram projection, the MoE, the head) runs once over all of them, so
-  // its weights are read once per step. Row by row the results are those of forward() with one token.
+  // Runs every call in one pass through the layers: only the state-dependent parts (attention's
+  // core: RoPE, windows, compressed rows, the indexer, sparse attention; Engram history) run per
+  // sequence; every weight-streaming part (the projections, the MoE, the head) runs once over the
+  // rows of all of them, so its weights are read once. Row by row the results are those of each call
+  // run alone. The calls must be of distinct sequences.
+  std::vector<ForwardResult> forward(std::vector<ForwardCall>& calls) const;
+  // One call.
+  ForwardResult forward(SequenceState& state, const std::vector<int32_t>& tokens, const ForwardOptions& options) const;
+  // One decode step for several sequences: token i is appended to states[i]; the logits of each.
   std::vector<std::vector<float>> decode_batch(const std::vector<SequenceState*>& states,
                                                const std::vector<int32_t>& tokens, IndexKeysMode index_keys) const;
 
-  // Runs `tokens` at positions state.length.. and advances the state.
-  ForwardResult forward(SequenceState& state, const std::vector<int32_t>& tokens, const ForwardOptions& options) const;
-
  private:
-  void block(int layer, ForwardContext& ctx, SequenceState& state, float* X, std::vector<float>& pre, int64_t first,
-             int64_t count) const;
-
+  std::shared_ptr<const Backend> backend_;
   std::shared_ptr<const ModelWeights> weights_;
   std::vector<LayerRole> roles_;
   EngramHasher hasher_;
@@ -80,8 +90,13 @@ class Model {
   RopeTable rope_compressed_;  // compress theta with YaRN for ratio > 0 layers
 };
 
-// Loads a model folder: config, weights (checked against the config) and the Engram token map
-// built from its tokenizer.json.
-std::unique_ptr<Model> load_model(const std::string& dir, EngramTier engram_tier = EngramTier::Mmap);
+struct ModelOptions {
+  std::shared_ptr<const Backend> backend;  // null: make_backend() with its defaults
+  EngramTier engram = EngramTier::Mmap;
+};
+
+// Loads a model folder: config, weights (checked against the config, packed for the backend) and the
+// Engram token map built from its tokenizer.json.
+std::unique_ptr<Model> load_model(const std::string& dir, const ModelOptions& options = {});
 
 }  // namespace dsv41

@@ -1,7 +1,6 @@
 #include "model/weights.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
 #include <sys/mman.h>
@@ -113,9 +112,7 @@ void bind_block(const Binder& b, const ModelConfig& c, const LayerRole& r, const
   const std::string fp = p + "ffn.";
   f.gate = b.bf16(fp + "gate.weight");
   f.gate_bias = b.f32(fp + "gate.bias");
-  f.shared_w1 = b.fp8(fp + "shared_experts.w1");
-  f.shared_w2 = b.fp8(fp + "shared_experts.w2");
-  f.shared_w3 = b.fp8(fp + "shared_experts.w3");
+  f.shared = {b.fp8(fp + "shared_experts.w1"), b.fp8(fp + "shared_experts.w2"), b.fp8(fp + "shared_experts.w3")};
   for (int e = 0; e < c.routed_experts(r.layer); ++e) {
     const std::string ep = fp + "experts." + std::to_string(e) + ".";
     f.experts.push_back({b.fp4(ep + "w1"), b.fp4(ep + "w2"), b.fp4(ep + "w3")});
@@ -124,7 +121,8 @@ void bind_block(const Binder& b, const ModelConfig& c, const LayerRole& r, const
 
 }  // namespace
 
-ModelWeights::ModelWeights(const std::string& dir, const ModelConfig& config, EngramTier engram_tier)
+ModelWeights::ModelWeights(const std::string& dir, const ModelConfig& config, const Backend& backend,
+                           EngramTier engram_tier)
     : config_(config), checkpoint_(std::make_unique<Checkpoint>(dir)) {
   check_checkpoint(*checkpoint_, config_);
   Binder b(*checkpoint_);
@@ -159,7 +157,7 @@ ModelWeights::ModelWeights(const std::string& dir, const ModelConfig& config, En
     dspark.markov_head = b.bf16(last + "markov_head.head.weight");
     dspark.confidence = b.bf16(last + "confidence_head.proj.weight");
   }
-  pack_matrices();
+  pack_matrices(backend);
 }
 
 namespace {
@@ -174,32 +172,24 @@ void release_mapped(const uint8_t* p, int64_t bytes) {
   if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
-// DSV41_PACK=0 keeps the checkpoint's layout (half the memory of a packed model while it loads, at
-// the price of decode speed).
-bool packing_enabled() {
-  const char* env = std::getenv("DSV41_PACK");
-  return env == nullptr || std::string(env) != "0";
-}
-
 }  // namespace
 
-void ModelWeights::pack_matrices() {
-  const int tile_rows = packed_tile_rows();
-  if (tile_rows == 0 || !packing_enabled()) return;
+void ModelWeights::pack_matrices(const Backend& backend) {
+  if (backend.weight_tile_rows() == 0) return;  // this backend reads the checkpoint's layout
   const auto fp8 = [&](Fp8Matrix& m) {
     if (m.w == nullptr) return;
-    packed_.push_back(pack_fp8(m, tile_rows));
+    packed_.push_back(backend.pack(m));
     m.packed = packed_.back()->view();
     release_mapped(m.w, m.n * m.k);
   };
   const auto fp4 = [&](Fp4Matrix& m) {
     if (m.w == nullptr) return;
-    packed_.push_back(pack_fp4(m, tile_rows));
+    packed_.push_back(backend.pack(m));
     m.packed = packed_.back()->view();
     release_mapped(m.w, m.n * m.k / 2);
   };
   const auto bf16 = [&](Bf16Tensor& t) {
-    if (!t.bits.empty()) t.packed = pack_bf16(t.view(), tile_rows);
+    if (!t.bits.empty()) t.packed = backend.pack(t.view());
   };
   bf16(head);
   for (LayerWeights& L : layers) {
@@ -207,8 +197,8 @@ void ModelWeights::pack_matrices() {
     for (Fp8Matrix* m : {&a.wq_a, &a.wq_b, &a.wkv, &a.wo_b, &a.idx_wq_b}) fp8(*m);
     for (Bf16Tensor* t : {&a.wo_a, &a.comp_wkv, &a.comp_wgate, &a.idx_wk, &a.idx_weights_proj}) bf16(*t);
     bf16(L.ffn.gate);
-    for (Fp8Matrix* m : {&L.ffn.shared_w1, &L.ffn.shared_w2, &L.ffn.shared_w3}) fp8(*m);
-    for (ExpertWeights& e : L.ffn.experts) {
+    for (Fp8Matrix* m : {&L.ffn.shared.w1, &L.ffn.shared.w2, &L.ffn.shared.w3}) fp8(*m);
+    for (ExpertMatrices<Fp4Matrix>& e : L.ffn.experts) {
       for (Fp4Matrix* m : {&e.w1, &e.w2, &e.w3}) fp4(*m);
     }
     if (L.engram) fp8(L.engram->wkv);

@@ -11,10 +11,9 @@
 #include <vector>
 
 #include "io/config.h"
-#include "io/safetensors.h"
-#include "kernels/kernels.h"
-#include "kernels/packed_weights.h"
 #include "io/engram_store.h"
+#include "io/safetensors.h"
+#include "kernels/backend.h"
 
 namespace dsv41 {
 
@@ -44,15 +43,11 @@ struct AttentionWeights {
   Bf16Tensor idx_weights_proj;
 };
 
-struct ExpertWeights {
-  Fp4Matrix w1, w2, w3;
-};
-
 struct MoeWeights {
   Bf16Tensor gate;
   std::vector<float> gate_bias;
-  Fp8Matrix shared_w1, shared_w2, shared_w3;
-  std::vector<ExpertWeights> experts;
+  ExpertMatrices<Fp8Matrix> shared;
+  std::vector<ExpertMatrices<Fp4Matrix>> experts;
 };
 
 struct EngramWeights {
@@ -76,9 +71,11 @@ struct DsparkWeights {  // the extras of the first and last DSpark stages
 
 class ModelWeights {
  public:
-  // Opens the checkpoint in `dir`, checks every tensor against the config, binds the views; the
-  // Engram tables are served from `engram_tier` (io/engram_store.h).
-  ModelWeights(const std::string& dir, const ModelConfig& config, EngramTier engram_tier = EngramTier::Mmap);
+  // Opens the checkpoint in `dir`, checks every tensor against the config, binds the views and packs
+  // the matrices for `backend`'s linear ops (in its memory); the Engram tables are served from
+  // `engram_tier` (io/engram_store.h).
+  ModelWeights(const std::string& dir, const ModelConfig& config, const Backend& backend,
+               EngramTier engram_tier = EngramTier::Mmap);
   const ModelConfig& config() const { return config_; }
   const Checkpoint& checkpoint() const { return *checkpoint_; }
 
@@ -87,9 +84,9 @@ class ModelWeights {
   DsparkWeights dspark;
 
  private:
-  // Re-lays every matrix the linear layers read for the active SIMD kernels (packed_weights.h); the
+  // Re-lays every matrix the linear layers read for the backend's kernels (packed_weights.h); the
   // FP8/FP4 views keep pointing into the mapping for the scalar paths.
-  void pack_matrices();
+  void pack_matrices(const Backend& backend);
 
   ModelConfig config_;
   std::unique_ptr<Checkpoint> checkpoint_;

@@ -82,10 +82,10 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
   m.opt = options;
   if (options.parallel < 1) fail("--parallel", "must be at least 1");
   if (options.prefill_chunk < 1) fail("prefill chunk", "must be at least 1");
-  m.model = load_model(options.model_dir, options.engram);
+  m.model = load_model(options.model_dir, {options.backend, options.engram});
   m.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_file(options.model_dir + "/tokenizer.json"));
   const ModelConfig& c = m.model->config();
-  m.pools = std::make_unique<StatePools>(c, m.model->roles());
+  m.pools = std::make_unique<StatePools>(c, m.model->roles(), m.model->backend().allocator());
   m.bytes_per_token = build_state_graph(c, m.model->roles()).global_bytes_per_token();
   if (!options.prompt_cache_dir.empty()) {
     std::error_code ec;

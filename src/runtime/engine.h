@@ -20,6 +20,8 @@
 
 namespace dsv41 {
 
+class Backend;  // kernels/backend.h: what the model's math runs on
+
 struct EngineOptions {
   std::string model_dir;
   int parallel = 4;                          // sequences running at once; more requests wait in a queue
@@ -29,6 +31,7 @@ struct EngineOptions {
   CacheMode cache_mode = CacheMode::Exact;
   uint64_t cache_ram_bytes = uint64_t{256} << 20;
   EngramTier engram = EngramTier::Mmap;
+  std::shared_ptr<const Backend> backend;    // null: the best kernel level, one thread per core
 };
 
 struct RequestParams {

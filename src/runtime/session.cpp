@@ -17,6 +17,7 @@ void Session::begin_prefill(const std::vector<int32_t>& tokens) {
   const int64_t n = static_cast<int64_t>(tokens.size()), origin = state_.length;
   pending_opt_ = {};
   pending_opt_.index_keys = options_.index_keys;
+  pending_opt_.dspark_taps = static_cast<bool>(observer_);
   if (options_.prefill_mode == PrefillMode::Tail) {
     // CED: the layers after the last KV source only need the prompt's last `window` rows
     pending_opt_.tail_start = std::max<int64_t>(origin, origin + n - model_.config().window_size);
@@ -65,6 +66,7 @@ std::vector<float> Session::prefill(const std::vector<int32_t>& tokens,
 std::vector<float> Session::decode(int32_t token) {
   ForwardOptions opt;
   opt.index_keys = options_.index_keys;
+  opt.dspark_taps = static_cast<bool>(observer_);
   ForwardResult r = model_.forward(state_, {token}, opt);
   history_.push_back(token);
   if (observer_) observer_(state_, r, state_.length - 1, 1);

@@ -105,6 +105,7 @@ SpeculativeDecoder::Step SpeculativeDecoder::step(int32_t next) {
   ForwardOptions opt;
   opt.all_logits = true;
   opt.record_compressor_rows = true;
+  opt.dspark_taps = true;
   opt.index_keys = session_.options().index_keys;
   ForwardResult r = model.forward(st, run, opt);
   ++stats_.target_forwards;

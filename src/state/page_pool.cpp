@@ -20,10 +20,8 @@ constexpr size_t kMaxPagesPerSlab = 256;
 
 }  // namespace
 
-void PagePool::AlignedFree::operator()(uint8_t* p) const { ::operator delete(p, std::align_val_t(kAlign)); }
-
-PagePool::PagePool(std::string name, size_t page_bytes, size_t max_pages)
-    : name_(std::move(name)), page_bytes_(page_bytes), max_pages_(max_pages) {
+PagePool::PagePool(Allocator& allocator, std::string name, size_t page_bytes, size_t max_pages)
+    : allocator_(&allocator), name_(std::move(name)), page_bytes_(page_bytes), max_pages_(max_pages) {
   if (page_bytes_ == 0) fail(name_, "page_bytes must be positive");
   if (page_bytes_ > std::numeric_limits<size_t>::max() - kAlign) fail(name_, "page_bytes too large");
   stride_ = (page_bytes_ + kAlign - 1) / kAlign * kAlign;
@@ -40,8 +38,7 @@ void PagePool::grow() {
   if (max_pages_ != 0) count = std::min(count, max_pages_ - refcount_.size());
   const size_t limit = static_cast<size_t>(std::numeric_limits<int32_t>::max());
   if (refcount_.size() + count > limit) fail(name_, "more pages than a 32-bit page id can name");
-  void* raw = ::operator new(count * stride_, std::align_val_t(kAlign));
-  slabs_.emplace_back(static_cast<uint8_t*>(raw));
+  slabs_.emplace_back(*allocator_, count * stride_, kAlign);
   const size_t first = refcount_.size();
   refcount_.resize(first + count, 0);
   // Pushed in reverse so the lowest new id is handed out first (predictable ids help debugging).
@@ -93,7 +90,7 @@ int32_t PagePool::make_writable(int32_t page) {
 
 uint8_t* PagePool::address(int32_t page) const {
   const size_t id = static_cast<size_t>(page);
-  return slabs_[id / pages_per_slab_].get() + (id % pages_per_slab_) * stride_;
+  return slabs_[id / pages_per_slab_].data() + (id % pages_per_slab_) * stride_;
 }
 
 uint8_t* PagePool::data(int32_t page) {

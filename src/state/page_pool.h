@@ -13,12 +13,15 @@
 #include <string>
 #include <vector>
 
+#include "kernels/allocator.h"
+
 namespace dsv41 {
 
 class PagePool {
  public:
-  // max_pages 0 means no limit. Nothing is allocated until the first allocate().
-  PagePool(std::string name, size_t page_bytes, size_t max_pages);
+  // max_pages 0 means no limit. Nothing is allocated until the first allocate(); slabs of pages
+  // come from `allocator` (the backend's), which must outlive the pool.
+  PagePool(Allocator& allocator, std::string name, size_t page_bytes, size_t max_pages);
   ~PagePool();
   PagePool(const PagePool&) = delete;
   PagePool& operator=(const PagePool&) = delete;
@@ -49,21 +52,17 @@ class PagePool {
   size_t pages_reserved() const { return refcount_.size(); }  // in use + on the free list
 
  private:
-  struct AlignedFree {
-    void operator()(uint8_t* p) const;
-  };
-  using Slab = std::unique_ptr<uint8_t[], AlignedFree>;
-
   void grow();  // adds one slab and puts its pages on the free list
   void check_live(int32_t page, const char* op) const;
   uint8_t* address(int32_t page) const;
 
+  Allocator* allocator_;
   std::string name_;
   size_t page_bytes_;
   size_t stride_;          // page_bytes rounded up to 64 so every page stays aligned
   size_t max_pages_;
   size_t pages_per_slab_;  // fixed so a page id maps to (slab, offset) by division
-  std::vector<Slab> slabs_;
+  std::vector<Buffer> slabs_;
   std::vector<int32_t> refcount_;  // one per reserved page
   std::vector<int32_t> free_;      // LIFO: the most recently freed page is reused first (warm in cache)
   size_t in_use_ = 0;

@@ -8,7 +8,8 @@
 
 namespace dsv41 {
 
-StatePools::StatePools(const ModelConfig& c, const std::vector<LayerRole>& roles, uint64_t max_bytes) {
+StatePools::StatePools(const ModelConfig& c, const std::vector<LayerRole>& roles, Allocator& allocator,
+                       uint64_t max_bytes) {
   main_.resize(roles.size());
   keys_.resize(roles.size());
   ratio_.assign(roles.size(), 1);
@@ -28,8 +29,10 @@ StatePools::StatePools(const ModelConfig& c, const std::vector<LayerRole>& roles
     const size_t rows = static_cast<size_t>(kTokensPerPage / r.compress_ratio);
     const std::string l = std::to_string(r.layer);
     ratio_[r.layer] = r.compress_ratio;
-    main_[r.layer] = std::make_unique<PagePool>("main_kv of layer " + l, rows * static_cast<size_t>(main_kv_bytes(c.head_dim)), max_pages);
-    keys_[r.layer] = std::make_unique<PagePool>("index_keys of layer " + l, rows * static_cast<size_t>(index_key_bytes(c.index_head_dim)), max_pages);
+    main_[r.layer] = std::make_unique<PagePool>(allocator, "main_kv of layer " + l,
+                                                rows * static_cast<size_t>(main_kv_bytes(c.head_dim)), max_pages);
+    keys_[r.layer] = std::make_unique<PagePool>(allocator, "index_keys of layer " + l,
+                                                rows * static_cast<size_t>(index_key_bytes(c.index_head_dim)), max_pages);
   }
 }
 

@@ -19,7 +19,9 @@ constexpr int64_t kTokensPerPage = 64;
 class StatePools {
  public:
   // max_bytes: the budget over all pools (0 = unlimited); split across owners by their bytes per token.
-  StatePools(const ModelConfig& config, const std::vector<LayerRole>& roles, uint64_t max_bytes = 0);
+  // Pages come from `allocator` (the backend's), which must outlive the pools.
+  StatePools(const ModelConfig& config, const std::vector<LayerRole>& roles, Allocator& allocator,
+             uint64_t max_bytes = 0);
   PagePool& main_kv(int layer) { return *main_[static_cast<size_t>(layer)]; }
   PagePool& index_keys(int layer) { return *keys_[static_cast<size_t>(layer)]; }
   int64_t rows_per_page(int layer) const { return kTokensPerPage / ratio_[static_cast<size_t>(layer)]; }

@@ -1,6 +1,6 @@
-// The mHC kernels (kernels/mhc_step.h): the fast versions against the scalar references, bit for bit,
-// at every ISA level this machine has and several thread counts; the fused step against the unfused
-// sequence expand → mixes → collapse, through the kernel API and the model's.
+// The mHC ops: the fast versions against the scalar references, bit for bit, at every kernel level
+// this machine runs and several thread counts; the fused step against the unfused sequence
+// expand → mixes → collapse, through the backend and the model's API.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -13,68 +13,18 @@
 #include <vector>
 
 #include "io/config.h"
-#include "kernels/cpu_features.h"
-#include "kernels/kernels.h"
-#include "kernels/mhc_step.h"
-#include "kernels/thread_pool.h"
+#include "kernels/backend.h"
+#include "kernels/reference.h"
 #include "model/mhc.h"
 #include "numeric/formats.h"
+#include "ops_util.h"
 
 namespace {
 
 using namespace dsv41;
-
-using MixesFn = void (*)(const HcShape&, const float*, int64_t, const HcMixWeights&, HcCoefficientsOut);
-using CollapseFn = void (*)(const HcShape&, const float*, const float*, int64_t, float*);
-using ExpandFn = void (*)(const HcShape&, float*, const float*, const float*, const float*, int64_t);
-using StepFn = void (*)(const HcShape&, float*, const float*, const HcCoefficients&, const HcMixWeights&, int64_t,
-                        HcCoefficientsOut, float*);
-
-struct Level {
-  Isa isa;
-  MixesFn mixes;
-  CollapseFn collapse;
-  ExpandFn expand;
-  StepFn step;
-};
-
-// The fast levels this machine can run (none without AVX2: those tests then check nothing).
-std::vector<Level> fast_levels() {
-  std::vector<Level> out;
-  if (isa_supported(Isa::avx2)) {
-    out.push_back({Isa::avx2, detail::mhc_mixes_avx2, detail::mhc_collapse_avx2, detail::mhc_expand_avx2,
-                   detail::mhc_step_avx2});
-  }
-  if (isa_supported(Isa::avx512)) {
-    out.push_back({Isa::avx512, detail::mhc_mixes_avx512, detail::mhc_collapse_avx512, detail::mhc_expand_avx512,
-                   detail::mhc_step_avx512});
-  }
-  return out;
-}
-
-// Sets the global pool's size for one scope, then restores it.
-class PoolThreads {
- public:
-  explicit PoolThreads(int n) : saved_(ThreadPool::global().threads()) { ThreadPool::global().resize(n); }
-  ~PoolThreads() { ThreadPool::global().resize(saved_); }
-  PoolThreads(const PoolThreads&) = delete;
-  PoolThreads& operator=(const PoolThreads&) = delete;
-
- private:
-  int saved_;
-};
-
-// Sets the active ISA level for one scope, then restores it.
-class ActiveIsa {
- public:
-  explicit ActiveIsa(Isa isa) : saved_(active_isa()) { set_active_isa(isa); }
-  ~ActiveIsa() { set_active_isa(saved_); }
-  ActiveIsa(const ActiveIsa&) = delete;
-  ActiveIsa& operator=(const ActiveIsa&) = delete;
-
- private:
-  Isa saved_;
-};
+using test::fast_backends;
+using test::label;
+using test::op_backends;
 
 // "" when bitwise equal; else where and how they first differ. NaNs count as equal whatever their
 // payload: when two NaNs meet in an addition the result's payload depends on operand order.
@@ -122,7 +72,7 @@ struct Inputs {
     std::vector<float> mixes(static_cast<size_t>(mix));
     for (int64_t t = 0; t < count; ++t) {
       for (auto& v : mixes) v = normal(rng);
-      hc_split_sinkhorn(mixes.data(), scale.data(), base.data(), static_cast<int>(hc), 20, 1e-6f, &pre[t * hc],
+      reference::hc_split_sinkhorn(mixes.data(), scale.data(), base.data(), static_cast<int>(hc), 20, 1e-6f, &pre[t * hc],
                         &post[t * hc], &comb[t * hc * hc]);
     }
   }
@@ -153,38 +103,37 @@ void expect_same(const Outputs& got, const Outputs& want, const std::string& wha
 // The reference for the fused step: the three unfused scalar kernels in the model's order.
 Outputs unfused_step(const Inputs& in) {
   Outputs o(in);
-  detail::mhc_expand_scalar(in.s, o.X.data(), in.y.data(), in.post.data(), in.comb.data(), in.count);
-  detail::mhc_mixes_scalar(in.s, o.X.data(), in.count, in.weights(), o.coefficients());
-  detail::mhc_collapse_scalar(in.s, o.X.data(), in.pre.data(), in.count, o.u.data());
+  reference::mhc_expand(in.s, o.X.data(), in.y.data(), in.post.data(), in.comb.data(), in.count);
+  reference::mhc_mixes(in.s, o.X.data(), in.count, in.weights(), o.coefficients());
+  reference::mhc_collapse(in.s, o.X.data(), in.pre.data(), in.count, o.u.data());
   return o;
 }
 
 // Each fast kernel, and the fused step, against the scalar references on the same inputs.
-void check_level(const Level& level, const Inputs& in, const std::string& what) {
+void check_level(const Backend& be, const Inputs& in, const std::string& what) {
   Outputs want_mixes(in), got_mixes(in);
-  detail::mhc_mixes_scalar(in.s, in.X.data(), in.count, in.weights(), want_mixes.coefficients());
-  level.mixes(in.s, in.X.data(), in.count, in.weights(), got_mixes.coefficients());
+  reference::mhc_mixes(in.s, in.X.data(), in.count, in.weights(), want_mixes.coefficients());
+  be.mhc_mixes(in.s, in.X.data(), in.count, in.weights(), got_mixes.coefficients());
   expect_same(got_mixes, want_mixes, what + " mixes");
 
   Outputs want_collapse(in), got_collapse(in);
-  detail::mhc_collapse_scalar(in.s, in.X.data(), in.pre.data(), in.count, want_collapse.u.data());
-  level.collapse(in.s, in.X.data(), in.pre.data(), in.count, got_collapse.u.data());
+  reference::mhc_collapse(in.s, in.X.data(), in.pre.data(), in.count, want_collapse.u.data());
+  be.mhc_collapse(in.s, in.X.data(), in.pre.data(), in.count, got_collapse.u.data());
   expect_same(got_collapse, want_collapse, what + " collapse");
 
   Outputs want_expand(in), got_expand(in);
-  detail::mhc_expand_scalar(in.s, want_expand.X.data(), in.y.data(), in.post.data(), in.comb.data(), in.count);
-  level.expand(in.s, got_expand.X.data(), in.y.data(), in.post.data(), in.comb.data(), in.count);
+  reference::mhc_expand(in.s, want_expand.X.data(), in.y.data(), in.post.data(), in.comb.data(), in.count);
+  be.mhc_expand(in.s, got_expand.X.data(), in.y.data(), in.post.data(), in.comb.data(), in.count);
   expect_same(got_expand, want_expand, what + " expand");
 
   Outputs got_step(in);
-  level.step(in.s, got_step.X.data(), in.y.data(), in.previous(), in.weights(), in.count, got_step.coefficients(),
+  be.mhc_step(in.s, got_step.X.data(), in.y.data(), in.previous(), in.weights(), in.count, got_step.coefficients(),
              got_step.u.data());
   expect_same(got_step, unfused_step(in), what + " step");
 }
 
-std::string describe(Isa isa, int64_t dim, int64_t count, int threads) {
-  return std::string(isa_name(isa)) + " dim " + std::to_string(dim) + " tokens " + std::to_string(count) + " x" +
-         std::to_string(threads);
+std::string describe(const Backend& be, int64_t dim, int64_t count) {
+  return label(be) + " dim " + std::to_string(dim) + " tokens " + std::to_string(count);
 }
 
 TEST(MhcKernels, FastVersionsMatchScalarBitForBit) {
@@ -193,21 +142,17 @@ TEST(MhcKernels, FastVersionsMatchScalarBitForBit) {
   const int64_t dims[] = {8, 40, 100, 256, 300, 1030};
   const int64_t counts[] = {1, 2, 3, 5, 9, 70};
   uint32_t seed = 1;
-  for (int threads : {1, 2, 3}) {
-    PoolThreads pool(threads);
-    for (int64_t dim : dims) {
-      for (int64_t count : counts) {
-        if (threads != 2 && dim > 100 && count > 9) continue;  // keeps the scalar references quick
-        const Inputs in(4, dim, count, seed++);
-        for (const Level& level : fast_levels()) check_level(level, in, describe(level.isa, dim, count, threads));
-      }
+  for (int64_t dim : dims) {
+    for (int64_t count : counts) {
+      const Inputs in(4, dim, count, seed++);
+      for (const Backend* be : fast_backends()) check_level(*be, in, describe(*be, dim, count));
     }
   }
 }
 
 TEST(MhcKernels, ReleasedWidth) {
   const Inputs in(4, 5120, 3, 99);
-  for (const Level& level : fast_levels()) check_level(level, in, describe(level.isa, 5120, 3, 0));
+  for (const Backend* be : fast_backends()) check_level(*be, in, describe(*be, 5120, 3));
 }
 
 // Signed zeros (the chains start from +0, so -0 products must come out as the reference's), a stream
@@ -225,27 +170,24 @@ TEST(MhcKernels, SpecialValuesMatchScalar) {
   in.X[2 * n + 6] = -3.0e38f;
   in.X[3 * n + 17] = std::numeric_limits<float>::quiet_NaN();  // token 3: a NaN spreads
   in.y[4 * d + 3] = std::numeric_limits<float>::infinity();    // token 4: inf from the sublayer
-  for (const Level& level : fast_levels()) check_level(level, in, describe(level.isa, 72, 6, 0) + " special");
+  for (const Backend* be : fast_backends()) check_level(*be, in, describe(*be, 72, 6) + " special");
 }
 
 // Another hc has no fast version: the fast entry points run the reference.
 TEST(MhcKernels, OtherHcFallsBackToScalar) {
   const Inputs in(2, 24, 3, 5);
-  for (const Level& level : fast_levels()) check_level(level, in, describe(level.isa, 24, 3, 0) + " hc 2");
+  for (const Backend* be : fast_backends()) check_level(*be, in, describe(*be, 24, 3) + " hc 2");
 }
 
-// The dispatching entry point, at every level including the scalar one (what DSV41_ISA selects),
-// against the unfused sequence.
+// The fused step of every backend, the scalar one included, against the unfused sequence.
 TEST(MhcKernels, FusedStepMatchesUnfusedSequenceAtEveryLevel) {
   const Inputs in(4, 200, 7, 21);
   const Outputs want = unfused_step(in);
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
-    if (!isa_supported(isa)) continue;
-    ActiveIsa scope(isa);
+  for (const auto& be : op_backends()) {
     Outputs got(in);
-    mhc_step(in.s, got.X.data(), in.y.data(), in.previous(), in.weights(), in.count, got.coefficients(),
-             got.u.data());
-    expect_same(got, want, std::string(isa_name(isa)) + " mhc_step");
+    be->mhc_step(in.s, got.X.data(), in.y.data(), in.previous(), in.weights(), in.count, got.coefficients(),
+                 got.u.data());
+    expect_same(got, want, label(*be) + " mhc_step");
   }
 }
 
@@ -262,16 +204,15 @@ TEST(MhcKernels, ModelStepMatchesPostMixesPre) {
   prev.pre = in.pre;
   prev.post = in.post;
   prev.comb = in.comb;
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
-    if (!isa_supported(isa)) continue;
-    ActiveIsa scope(isa);
+  for (const auto& backend : op_backends()) {
+    const Backend& be = *backend;
     std::vector<float> X_fused = in.X, X_unfused = in.X;
     std::vector<float> u_fused(static_cast<size_t>(5 * c.dim)), u_unfused(u_fused.size());
-    const Mixes fused = hc_step(c, X_fused.data(), in.y.data(), prev, in.fn, in.scale, in.base, 5, u_fused.data());
-    hc_post(c, X_unfused.data(), in.y.data(), prev, 5);
-    const Mixes unfused = hc_mixes(c, X_unfused.data(), 5, in.fn, in.scale, in.base);
-    hc_pre(c, X_unfused.data(), prev.pre.data(), 5, u_unfused.data());
-    const std::string what = isa_name(isa);
+    const Mixes fused = hc_step(be, c, X_fused.data(), in.y.data(), prev, in.fn, in.scale, in.base, 5, u_fused.data());
+    hc_post(be, c, X_unfused.data(), in.y.data(), prev, 5);
+    const Mixes unfused = hc_mixes(be, c, X_unfused.data(), 5, in.fn, in.scale, in.base);
+    hc_pre(be, c, X_unfused.data(), prev.pre.data(), 5, u_unfused.data());
+    const std::string what = label(be);
     EXPECT_EQ(first_difference(X_fused, X_unfused), "") << what;
     EXPECT_EQ(first_difference(u_fused, u_unfused), "") << what;
     EXPECT_EQ(first_difference(fused.pre, unfused.pre), "") << what;

@@ -1,11 +1,12 @@
-// The fast indexer scores and the fast Engram row dequantization against their scalar references,
-// bit for bit, at every ISA level this machine has.
+// The fast indexer scores (whole history and candidate pools) and Engram row dequantization against
+// their scalar references, bit for bit, at every kernel level this machine runs and several thread
+// counts, on inputs aimed at their weak spots.
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <bit>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -14,66 +15,17 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu_features.h"
-#include "kernels/engram_rows.h"
-#include "kernels/index_score.h"
-#include "kernels/thread_pool.h"
+#include "kernels/backend.h"
+#include "kernels/reference.h"
 #include "numeric/formats.h"
 #include "numeric/quant.h"
 #include "numeric/row_codecs.h"
+#include "ops_util.h"
 
 namespace {
 
 using namespace dsv41;
-
-using IndexScoreFn = void (*)(const float*, const float*, int64_t, int64_t, int64_t, const uint8_t* const*, int64_t,
-                              const int64_t*, float*);
-using DequantFn = void (*)(const uint8_t*, const uint8_t*, int64_t, float*);
-
-struct Level {
-  Isa isa;
-  IndexScoreFn scores;
-  DequantFn dequant;
-};
-
-// The fast levels this machine can run (none without AVX2: the comparisons then have nothing to do).
-std::vector<Level> levels() {
-  std::vector<Level> out;
-  if (isa_supported(Isa::avx2)) {
-    out.push_back({Isa::avx2, detail::index_scores_avx2, detail::dequantize_fp8_blocks_avx2});
-  }
-  if (isa_supported(Isa::avx512)) {
-    out.push_back({Isa::avx512, detail::index_scores_avx512, detail::dequantize_fp8_blocks_avx512});
-  }
-  return out;
-}
-
-// Sets the global pool's size for one scope, then restores it.
-class PoolThreads {
- public:
-  explicit PoolThreads(int n) : saved_(ThreadPool::global().threads()) { ThreadPool::global().resize(n); }
-  ~PoolThreads() { ThreadPool::global().resize(saved_); }
-  PoolThreads(const PoolThreads&) = delete;
-  PoolThreads& operator=(const PoolThreads&) = delete;
-
- private:
-  int saved_;
-};
-
-// Index and values of the first bitwise difference, or "" when equal. With `any_nan`, two NaNs count
-// as equal whatever their sign and payload (which NaN an add keeps depends on its operand order,
-// which no version promises).
-std::string first_difference(const std::vector<float>& got, const std::vector<float>& want, bool any_nan = false) {
-  if (got.size() != want.size()) return "sizes differ";
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (any_nan && std::isnan(got[i]) && std::isnan(want[i])) continue;
-    if (std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(want[i])) {
-      return "first difference at " + std::to_string(i) + ": " + std::to_string(got[i]) + " vs " +
-             std::to_string(want[i]);
-    }
-  }
-  return "";
-}
+using namespace dsv41::test;
 
 // ---- indexer scores --------------------------------------------------------------------------------
 
@@ -140,8 +92,8 @@ struct ScoreShape {
   int64_t nq, nh, K, n_keys;
 };
 
-std::string describe(Isa isa, const ScoreShape& s) {
-  return std::string(isa_name(isa)) + " nq=" + std::to_string(s.nq) + " nh=" + std::to_string(s.nh) +
+std::string describe(const Backend& b, const ScoreShape& s) {
+  return label(b) + " nq=" + std::to_string(s.nq) + " nh=" + std::to_string(s.nh) +
          " K=" + std::to_string(s.K) + " keys=" + std::to_string(s.n_keys);
 }
 
@@ -160,12 +112,12 @@ void expect_scores_match(std::mt19937& rng, int scale_lo, int scale_hi, bool fp4
     const std::vector<float> w = random_weights(rng, s.nq * s.nh);
     const std::vector<int64_t> visible = random_visible(rng, s.nq, s.n_keys);
     std::vector<float> want(static_cast<size_t>(s.nq * s.n_keys));
-    detail::index_scores_scalar(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(),
+    reference::index_scores(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(),
                                 want.data());
-    for (const Level& level : levels()) {
+    for (const Backend* be : fast_backends()) {
       std::vector<float> got(want.size(), 12345.0f);
-      level.scores(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(), got.data());
-      EXPECT_EQ(first_difference(got, want, any_nan), "") << describe(level.isa, s);
+      be->index_scores(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(), got.data());
+      EXPECT_EQ(first_difference(got, want, any_nan), "") << describe(*be, s);
     }
   }
 }
@@ -186,7 +138,7 @@ TEST(IndexScores, ScalarFollowsTheFormula) {
   const uint8_t* rows[] = {row.data(), row.data()};
   const int64_t visible = 1;
   float scores[2] = {0, 0};
-  detail::index_scores_scalar(q.data(), w.data(), 1, 2, K, rows, 2, &visible, scores);
+  reference::index_scores(q.data(), w.data(), 1, 2, K, rows, 2, &visible, scores);
   const float dot = std::max(round_bf16(value_sum), 0.0f), neg = std::max(round_bf16(-value_sum), 0.0f);
   EXPECT_EQ(scores[0], round_bf16(round_bf16(dot * 0.5f) + round_bf16(neg * 3.0f)));
   EXPECT_EQ(scores[1], -std::numeric_limits<float>::infinity());  // not visible yet
@@ -228,56 +180,60 @@ TEST(IndexScores, ProductsAreRoundedBeforeTheyAreAdded) {
     const std::vector<float> w = random_weights(rng, s.nq * s.nh);
     const std::vector<int64_t> visible(static_cast<size_t>(s.nq), s.n_keys);
     std::vector<float> want(static_cast<size_t>(s.nq * s.n_keys), 1.0f);
-    detail::index_scores_scalar(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(),
+    reference::index_scores(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(),
                                 want.data());
     EXPECT_EQ(first_difference(want, std::vector<float>(want.size(), 0.0f)), "") << "scalar";
-    for (const Level& level : levels()) {
+    for (const Backend* be : fast_backends()) {
       std::vector<float> got(want.size(), 1.0f);
-      level.scores(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(), got.data());
-      EXPECT_EQ(first_difference(got, want), "") << describe(level.isa, s);
+      be->index_scores(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(), got.data());
+      EXPECT_EQ(first_difference(got, want), "") << describe(*be, s);
     }
   }
 }
 
-TEST(IndexScores, ThreadCountDoesNotChangeScores) {
-  std::mt19937 rng(24);
-  const ScoreShape s{3, 32, 128, 700};
-  const KeyRows keys = random_keys(rng, s.n_keys, s.K, 110, 135);
-  const std::vector<float> q = random_queries(rng, s.nq * s.nh * s.K, true);
-  const std::vector<float> w = random_weights(rng, s.nq * s.nh);
-  const std::vector<int64_t> visible = {650, 680, 700};
-  std::vector<float> want(static_cast<size_t>(s.nq * s.n_keys));
-  detail::index_scores_scalar(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(),
-                              want.data());
-  for (const int threads : {1, 2, 3}) {
-    PoolThreads pool(threads);
-    for (const Level& level : levels()) {
-      std::vector<float> got(want.size());
-      level.scores(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(), got.data());
-      EXPECT_EQ(first_difference(got, want), "") << describe(level.isa, s) << " threads=" << threads;
+// Candidate pools: each query scores only its own blocks (of varying sizes, some past the keys it
+// sees, some empty), every other key -inf; the same scores as the whole history inside the pool.
+TEST(IndexScores, PoolsMatchScalarAndTheWholeHistory) {
+  std::mt19937 rng(27);
+  for (const ScoreShape& s : kScoreShapes) {
+    for (const int64_t block : {int64_t{1}, int64_t{4}, int64_t{8}, int64_t{13}}) {
+      const KeyRows keys = random_keys(rng, s.n_keys, s.K, 110, 135);
+      const std::vector<float> q = random_queries(rng, s.nq * s.nh * s.K, true);
+      const std::vector<float> w = random_weights(rng, s.nq * s.nh);
+      const std::vector<int64_t> visible = random_visible(rng, s.nq, s.n_keys);
+      const int64_t blocks = (s.n_keys + block - 1) / block;
+      std::vector<std::vector<int32_t>> pools(static_cast<size_t>(s.nq));
+      std::uniform_int_distribution<int64_t> count(0, std::min<int64_t>(blocks, 9));
+      for (auto& pool : pools) {
+        std::vector<int32_t> all(static_cast<size_t>(blocks));
+        std::iota(all.begin(), all.end(), 0);
+        std::shuffle(all.begin(), all.end(), rng);
+        pool.assign(all.begin(), all.begin() + count(rng));
+        std::sort(pool.begin(), pool.end());
+      }
+      std::vector<float> want(static_cast<size_t>(s.nq * s.n_keys)), whole(want.size());
+      reference::index_scores_in_pool(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(),
+                                      pools.data(), block, want.data());
+      reference::index_scores(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(),
+                              whole.data());
+      for (int64_t i = 0; i < s.nq; ++i) {
+        std::vector<uint8_t> in(static_cast<size_t>(s.n_keys), 0);
+        for (int32_t b : pools[i])
+          for (int64_t t = b * block; t < std::min(s.n_keys, (b + 1) * block); ++t) in[t] = 1;
+        for (int64_t t = 0; t < s.n_keys; ++t) {
+          const float expect = in[t] ? whole[i * s.n_keys + t] : -std::numeric_limits<float>::infinity();
+          ASSERT_EQ(std::bit_cast<uint32_t>(want[i * s.n_keys + t]), std::bit_cast<uint32_t>(expect))
+              << "reference pool " << i << " key " << t;
+        }
+      }
+      for (const Backend* be : fast_backends()) {
+        std::vector<float> got(want.size(), 12345.0f);
+        be->index_scores_in_pool(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(),
+                                 pools.data(), block, got.data());
+        EXPECT_EQ(first_difference(got, want), "") << describe(*be, s) << " block " << block;
+      }
     }
   }
-}
-
-TEST(IndexScores, DispatchFollowsTheActiveLevel) {
-  std::mt19937 rng(25);
-  const ScoreShape s{4, 4, 64, 45};
-  const KeyRows keys = random_keys(rng, s.n_keys, s.K, 110, 135);
-  const std::vector<float> q = random_queries(rng, s.nq * s.nh * s.K, true);
-  const std::vector<float> w = random_weights(rng, s.nq * s.nh);
-  const std::vector<int64_t> visible = random_visible(rng, s.nq, s.n_keys);
-  std::vector<float> want(static_cast<size_t>(s.nq * s.n_keys));
-  detail::index_scores_scalar(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(),
-                              want.data());
-  const Isa saved = active_isa();
-  for (const Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
-    if (!isa_supported(isa)) continue;
-    set_active_isa(isa);
-    std::vector<float> got(want.size());
-    index_scores(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(), got.data());
-    EXPECT_EQ(first_difference(got, want), "") << isa_name(isa);
-  }
-  set_active_isa(saved);
 }
 
 // ---- Engram rows -----------------------------------------------------------------------------------
@@ -298,11 +254,11 @@ TEST(EngramRows, FastMatchesScalarOnEveryCodeAndScale) {
   }
   const int64_t blocks = static_cast<int64_t>(scales.size());
   std::vector<float> want(codes.size());
-  detail::dequantize_fp8_blocks_scalar(codes.data(), scales.data(), blocks, want.data());
-  for (const Level& level : levels()) {
+  reference::engram_rows(codes.data(), scales.data(), blocks, 32, want.data());
+  for (const Backend* be : fast_backends()) {
     std::vector<float> got(codes.size(), 12345.0f);
-    level.dequant(codes.data(), scales.data(), blocks, got.data());
-    EXPECT_EQ(first_difference(got, want), "") << isa_name(level.isa);
+    be->engram_rows(codes.data(), scales.data(), blocks, 32, got.data());
+    EXPECT_EQ(first_difference(got, want), "") << label(*be);
   }
 }
 
@@ -310,7 +266,7 @@ TEST(EngramRows, ScalarIsTheBf16OfCodeTimesScale) {
   const uint8_t codes[32] = {0x00, 0x01, 0x07, 0x08, 0x38, 0x7E, 0x7F, 0x80, 0xB8, 0xFE, 0xFF, 0x45};
   const uint8_t scale = 120;  // 2^-7
   float out[32];
-  detail::dequantize_fp8_blocks_scalar(codes, &scale, 1, out);
+  reference::engram_rows(codes, &scale, 1, 32, out);
   EXPECT_EQ(out[0], 0.0f);
   EXPECT_EQ(out[1], std::ldexp(1.0f, -9 - 7));  // the smallest subnormal code
   EXPECT_EQ(out[4], std::ldexp(1.0f, -7));      // 0x38 = 1.0
@@ -330,22 +286,15 @@ TEST(EngramRows, RowsMatchScalarAtEveryLevelAndThreadCount) {
   for (auto& c : codes) c = static_cast<uint8_t>(byte(rng));
   for (auto& s : scales) s = static_cast<uint8_t>(scale(rng));
   std::vector<float> want(codes.size());
-  detail::dequantize_fp8_blocks_scalar(codes.data(), scales.data(), rows * row_len / 32, want.data());
-  const Isa saved = active_isa();
-  for (const int threads : {1, 2}) {
-    PoolThreads pool(threads);
-    for (const Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
-      if (!isa_supported(isa)) continue;
-      set_active_isa(isa);
-      for (const int64_t n : {int64_t{1}, int64_t{24}, rows}) {  // one row, a decode step's rows, a prefill's
-        std::vector<float> got(static_cast<size_t>(n * row_len));
-        dequantize_engram_rows(codes.data(), scales.data(), n, row_len, got.data());
-        EXPECT_EQ(first_difference(got, std::vector<float>(want.begin(), want.begin() + n * row_len)), "")
-            << isa_name(isa) << " rows=" << n << " threads=" << threads;
-      }
+  reference::engram_rows(codes.data(), scales.data(), rows, row_len, want.data());
+  for (const auto& be : op_backends()) {
+    for (const int64_t n : {int64_t{1}, int64_t{24}, rows}) {  // one row, a decode step's rows, a prefill's
+      std::vector<float> got(static_cast<size_t>(n * row_len));
+      be->engram_rows(codes.data(), scales.data(), n, row_len, got.data());
+      EXPECT_EQ(first_difference(got, std::vector<float>(want.begin(), want.begin() + n * row_len)), "")
+          << label(*be) << " rows=" << n;
     }
   }
-  set_active_isa(saved);
 }
 
 }  // namespace

@@ -1,0 +1,537 @@
+// The fast linear layers and sparse attention (AVX2 / AVX-512, multithreaded) against the scalar
+// references, bit for bit, at every kernel level this machine runs and several thread counts, on
+// inputs aimed at their weak spots; plus the packed weight layout, the backend's options and the
+// CPU feature detection they rest on. (tests/ops_test.cpp runs every op on the model's shapes.)
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/linear_internal.h"
+#include "kernels/reference.h"
+#include "numeric/formats.h"
+#include "numeric/row_codecs.h"
+#include "ops_util.h"
+#include "util/error.h"
+
+namespace {
+
+using namespace dsv41;
+using namespace dsv41::test;
+
+struct Shape {
+  int64_t m, n, k;
+};
+
+std::string describe(const Backend& b, const Shape& s) {
+  return label(b) + " m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k);
+}
+
+// Shapes for the quantized layers (k a multiple of 32): m = 1 (GEMV path) and m > 1 (GEMM path,
+// with m not a multiple of the micro-tile), n not a multiple of the 8/16-row tiles, of the 32-row
+// scale tiles or of the thread split, an odd number of K blocks (FP4 decodes blocks in pairs), K
+// longer than one GEMM panel (256), and a decode-sized K.
+const std::vector<Shape> kQuantShapes = {
+    {1, 1, 32},   {1, 7, 64},    {1, 16, 96},   {1, 33, 160},  {1, 100, 288}, {1, 257, 1024}, {1, 64, 7168},
+    {2, 5, 32},   {3, 40, 96},   {5, 17, 320},  {6, 48, 256},  {7, 33, 544},  {13, 129, 512}, {19, 70, 64},
+    {64, 96, 1024}};
+
+TEST(KernelsSimd, Fp8MatchesScalar) {
+  std::mt19937 rng(11);
+  for (const Backend* be : fast_backends()) {
+    for (const Shape& s : kQuantShapes) {
+      const std::vector<float> x = random_activations(rng, s.m, s.k);
+      const std::vector<uint8_t> w = random_e4m3(rng, static_cast<size_t>(s.n * s.k));
+      const std::vector<uint8_t> sc = random_scales(rng, static_cast<size_t>(((s.n + 31) / 32) * (s.k / 32)));
+      const Fp8Matrix mat{w.data(), sc.data(), s.n, s.k};
+      std::vector<float> want(static_cast<size_t>(s.m * s.n)), got(want.size(), -1.0f);
+      reference::linear_fp8(x.data(), s.m, mat, want.data());
+      be->linear_fp8(x.data(), s.m, mat, got.data());
+      EXPECT_EQ(first_difference(got, want), "") << describe(*be, s);
+      std::unique_ptr<PackedWeights> packed;
+      const auto mat_packed = packed_for(*be, mat, packed);
+      std::fill(got.begin(), got.end(), -1.0f);
+      be->linear_fp8(x.data(), s.m, mat_packed, got.data());
+      EXPECT_EQ(first_difference(got, want), "") << "packed " << describe(*be, s);
+    }
+  }
+}
+
+TEST(KernelsSimd, Fp4MatchesScalar) {
+  std::mt19937 rng(12);
+  for (const Backend* be : fast_backends()) {
+    for (const Shape& s : kQuantShapes) {
+      const std::vector<float> x = random_activations(rng, s.m, s.k);
+      const std::vector<uint8_t> w = random_bytes(rng, static_cast<size_t>(s.n * s.k / 2));
+      const std::vector<uint8_t> sc = random_scales(rng, static_cast<size_t>(s.n * (s.k / 32)));
+      const Fp4Matrix mat{w.data(), sc.data(), s.n, s.k};
+      std::vector<float> want(static_cast<size_t>(s.m * s.n)), got(want.size(), -1.0f);
+      reference::linear_fp4(x.data(), s.m, mat, want.data());
+      be->linear_fp4(x.data(), s.m, mat, got.data());
+      EXPECT_EQ(first_difference(got, want), "") << describe(*be, s);
+      std::unique_ptr<PackedWeights> packed;
+      const auto mat_packed = packed_for(*be, mat, packed);
+      std::fill(got.begin(), got.end(), -1.0f);
+      be->linear_fp4(x.data(), s.m, mat_packed, got.data());
+      EXPECT_EQ(first_difference(got, want), "") << "packed " << describe(*be, s);
+    }
+  }
+}
+
+TEST(KernelsSimd, Bf16AndF32MatchScalar) {
+  std::mt19937 rng(13);
+  // K need not be a multiple of 32 here: partial last blocks, K shorter than one block, and K = 0.
+  std::vector<Shape> shapes = kQuantShapes;
+  for (const Shape s : {Shape{1, 9, 200}, Shape{1, 31, 1}, Shape{1, 5, 0}, Shape{4, 23, 77}, Shape{9, 50, 333},
+                        Shape{1, 300, 5120}}) {
+    shapes.push_back(s);
+  }
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (const Backend* be : fast_backends()) {
+    for (const Shape& s : shapes) {
+      const std::vector<float> xb = random_activations(rng, s.m, s.k);  // bf16 values for linear_bf16
+      std::vector<float> xf(static_cast<size_t>(s.m * s.k));
+      for (auto& v : xf) v = dist(rng);  // any fp32 for linear_f32
+      const std::vector<uint16_t> w = random_bf16_bits(rng, static_cast<size_t>(s.n * s.k));
+      const Bf16Matrix mat{w.data(), s.n, s.k};
+      std::unique_ptr<PackedWeights> packed;
+      const auto mat_packed = packed_for(*be, mat, packed);
+      std::vector<float> want(static_cast<size_t>(s.m * s.n)), got(want.size(), -1.0f);
+      reference::linear_bf16(xb.data(), s.m, mat, want.data());
+      be->linear_bf16(xb.data(), s.m, mat, got.data());
+      EXPECT_EQ(first_difference(got, want), "") << "bf16 " << describe(*be, s);
+      std::fill(got.begin(), got.end(), -1.0f);
+      be->linear_bf16(xb.data(), s.m, mat_packed, got.data());
+      EXPECT_EQ(first_difference(got, want), "") << "bf16 packed " << describe(*be, s);
+      reference::linear_f32(xf.data(), s.m, mat, want.data());
+      std::fill(got.begin(), got.end(), -1.0f);
+      be->linear_f32(xf.data(), s.m, mat, got.data());
+      EXPECT_EQ(first_difference(got, want), "") << "f32 " << describe(*be, s);
+      std::fill(got.begin(), got.end(), -1.0f);
+      be->linear_f32(xf.data(), s.m, mat_packed, got.data());
+      EXPECT_EQ(first_difference(got, want), "") << "f32 packed " << describe(*be, s);
+    }
+  }
+}
+
+// Inputs where the order of the additions shows in the bf16 outputs: in each 32-block a few large
+// products cancel around many small ones with low-order bits, so the fp32 partial sums round, and
+// the result is about as small as those roundings. A kernel that summed in any other order, or
+// paired an activation with the wrong weight, fails here (random inputs alone would rarely show it
+// after the output's rounding to bf16).
+TEST(KernelsSimd, OrderSensitiveInputsMatchScalar) {
+  std::mt19937 rng(19);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::uniform_int_distribution<int> bit(0, 1), mant(0, 7);
+  const Shape shapes[] = {{1, 64, 256}, {3, 40, 128}, {9, 33, 96}};
+  for (const Backend* be : fast_backends()) {
+    for (const Shape& s : shapes) {
+      // FP8: x = 1 at both ends of each block (codes 256 after act_quant), ~2^-11 inside (codes
+      // near 2^-3); weights ±240 at the ends (cancelling), codes near 2^-3 inside.
+      std::vector<float> x(static_cast<size_t>(s.m * s.k));
+      for (int64_t j = 0; j < s.m * s.k; ++j) {
+        const int64_t in_block = j % 32;
+        x[j] = in_block == 0 || in_block == 31 ? 1.0f : round_bf16(std::ldexp(dist(rng), -11));
+      }
+      std::vector<uint8_t> w8(static_cast<size_t>(s.n * s.k));
+      const uint8_t big = e4m3_from_f32(240.0f);
+      for (int64_t j = 0; j < s.n * s.k; ++j) {
+        const int64_t in_block = j % 32;
+        w8[j] = in_block == 0    ? big
+                : in_block == 31 ? static_cast<uint8_t>(big | 0x80)
+                                 : static_cast<uint8_t>((bit(rng) << 7) | (4 << 3) | mant(rng));
+      }
+      const std::vector<uint8_t> sc8(static_cast<size_t>(((s.n + 31) / 32) * (s.k / 32)), 127);
+      const Fp8Matrix m8{w8.data(), sc8.data(), s.n, s.k};
+      std::vector<float> want(static_cast<size_t>(s.m * s.n)), got(want.size());
+      reference::linear_fp8(x.data(), s.m, m8, want.data());
+      be->linear_fp8(x.data(), s.m, m8, got.data());
+      EXPECT_EQ(first_difference(got, want), "") << "fp8 " << describe(*be, s);
+
+      // FP4: 12 products of 256·6 first, 8 small ones (2^-8-ish activations, ±0.5 or ±1), then 12
+      // of -256·6: the partial reaches 2^14, where fp32 keeps only 2^-9.
+      for (int64_t j = 0; j < s.m * s.k; ++j) {
+        const int64_t in_block = j % 32;
+        x[j] = in_block < 12 || in_block >= 20 ? 1.0f : round_bf16(std::ldexp(1.0f + std::fabs(dist(rng)), -16));
+      }
+      std::vector<uint8_t> w4(static_cast<size_t>(s.n * s.k / 2));
+      for (int64_t r = 0; r < s.n; ++r) {
+        for (int64_t j = 0; j < s.k; ++j) {
+          const int64_t in_block = j % 32;
+          const int code = in_block < 12 ? 7 : in_block >= 20 ? 15 : (bit(rng) << 3) | (1 + bit(rng));
+          uint8_t& byte = w4[r * (s.k / 2) + j / 2];
+          byte = static_cast<uint8_t>(j % 2 == 0 ? (byte & 0xF0) | code : (byte & 0x0F) | (code << 4));
+        }
+      }
+      const std::vector<uint8_t> sc4(static_cast<size_t>(s.n * (s.k / 32)), 127);
+      const Fp4Matrix m4{w4.data(), sc4.data(), s.n, s.k};
+      reference::linear_fp4(x.data(), s.m, m4, want.data());
+      be->linear_fp4(x.data(), s.m, m4, got.data());
+      EXPECT_EQ(first_difference(got, want), "") << "fp4 " << describe(*be, s);
+
+      // bf16 / f32: one chain over all of k: ±1000·w at the two ends, small terms between.
+      for (int64_t i = 0; i < s.m; ++i) {
+        for (int64_t j = 0; j < s.k; ++j) {
+          x[i * s.k + j] = j == 0 ? 1000.0f : j == s.k - 1 ? -1000.0f : round_bf16(dist(rng) * 1e-3f);
+        }
+      }
+      std::vector<uint16_t> wb = random_bf16_bits(rng, static_cast<size_t>(s.n * s.k));
+      for (int64_t r = 0; r < s.n; ++r) wb[r * s.k + s.k - 1] = wb[r * s.k];
+      const Bf16Matrix mb{wb.data(), s.n, s.k};
+      reference::linear_bf16(x.data(), s.m, mb, want.data());
+      be->linear_bf16(x.data(), s.m, mb, got.data());
+      EXPECT_EQ(first_difference(got, want), "") << "bf16 " << describe(*be, s);
+      reference::linear_f32(x.data(), s.m, mb, want.data());
+      be->linear_f32(x.data(), s.m, mb, got.data());
+      EXPECT_EQ(first_difference(got, want), "") << "f32 " << describe(*be, s);
+    }
+  }
+}
+
+// act_quant in vector code against quant.cpp's, over every bf16 bit pattern (NaNs, infinities,
+// subnormals, both zeros) in three arrangements, so blocks see every kind of amax.
+TEST(KernelsSimd, ActivationQuantizationMatchesScalar) {
+  using QuantFn = detail::QuantizedActivations (*)(const float*, int64_t, int64_t, float);
+  std::vector<std::pair<Isa, QuantFn>> fns;
+  if (isa_supported(Isa::avx2)) fns.emplace_back(Isa::avx2, detail::quantize_activations_avx2);
+  if (isa_supported(Isa::avx512)) fns.emplace_back(Isa::avx512, detail::quantize_activations_avx512);
+  std::vector<float> all(65536);
+  for (uint32_t b = 0; b < 65536; ++b) all[b] = bf16_to_f32(static_cast<uint16_t>(b));
+  std::mt19937 rng(17);
+  std::vector<float> shuffled = all;
+  std::shuffle(shuffled.begin(), shuffled.end(), rng);
+  std::vector<float> finite;  // no NaN or infinity: blocks with ordinary, tiny and huge amax
+  for (float v : shuffled) {
+    if (std::isfinite(v)) finite.push_back(v);
+  }
+  finite.resize(finite.size() / 32 * 32);
+  const int64_t k = 1024;
+  for (const auto& [isa, fn] : fns) {
+    for (const std::vector<float>* input : {&all, &shuffled, &finite}) {
+      const int64_t m = static_cast<int64_t>(input->size()) / k;
+      for (const float prescale : {1.0f, 256.0f}) {
+        const detail::QuantizedActivations want = detail::quantize_activations(input->data(), m, k, prescale);
+        const detail::QuantizedActivations got = fn(input->data(), m, k, prescale);
+        EXPECT_EQ(first_difference(got.values, want.values), "") << isa_name(isa) << " prescale " << prescale;
+        EXPECT_EQ(first_difference(got.scales, want.scales), "") << isa_name(isa) << " scales";
+      }
+    }
+  }
+}
+
+// Values at the edges: NaN weight codes (the FP8 fast path hands those tiles to the reference code),
+// scale codes 0 (a subnormal 2^-127), 254 and 255 (NaN), activations near the fp32 limits and bf16
+// subnormals. The outputs then hold infinities and NaNs: every non-NaN output matches bit for bit,
+// and every NaN is a NaN in both.
+TEST(KernelsSimd, ExtremeValuesMatchScalar) {
+  std::mt19937 rng(14);
+  for (const Backend* be : fast_backends()) {
+    for (const Shape& s : {Shape{1, 70, 256}, Shape{5, 70, 256}}) {
+      std::vector<float> x = random_activations(rng, s.m, s.k);
+      x[3] = 3.0e38f;
+      x[40] = -2.5e38f;
+      x[100] = std::ldexp(1.0f, -133);  // bf16 subnormal
+      x[101] = -std::ldexp(3.0f, -130);
+      std::vector<uint8_t> w8 = random_e4m3(rng, static_cast<size_t>(s.n * s.k));
+      w8[5 * s.k + 17] = 0x7F;    // NaN codes in rows 5 and 40
+      w8[40 * s.k + 200] = 0xFF;
+      std::vector<uint8_t> sc8 = random_scales(rng, static_cast<size_t>(((s.n + 31) / 32) * (s.k / 32)));
+      sc8[1] = 0;
+      sc8[2] = 254;
+      sc8[9] = 255;
+      const Fp8Matrix m8{w8.data(), sc8.data(), s.n, s.k};
+      std::vector<float> want(static_cast<size_t>(s.m * s.n)), got(want.size());
+      reference::linear_fp8(x.data(), s.m, m8, want.data());
+      be->linear_fp8(x.data(), s.m, m8, got.data());
+      EXPECT_EQ(first_difference(got, want, true), "") << "fp8 " << describe(*be, s);
+      std::unique_ptr<PackedWeights> p8;
+      const auto m8_p8 = packed_for(*be, m8, p8);  // flags the tiles of rows 5 and 40
+      be->linear_fp8(x.data(), s.m, m8_p8, got.data());
+      EXPECT_EQ(first_difference(got, want, true), "") << "fp8 packed " << describe(*be, s);
+
+      const std::vector<uint8_t> w4 = random_bytes(rng, static_cast<size_t>(s.n * s.k / 2));
+      std::vector<uint8_t> sc4 = random_scales(rng, static_cast<size_t>(s.n * (s.k / 32)));
+      sc4[3] = 0;
+      sc4[50] = 254;
+      sc4[77] = 255;
+      const Fp4Matrix m4{w4.data(), sc4.data(), s.n, s.k};
+      reference::linear_fp4(x.data(), s.m, m4, want.data());
+      be->linear_fp4(x.data(), s.m, m4, got.data());
+      EXPECT_EQ(first_difference(got, want, true), "") << "fp4 " << describe(*be, s);
+      std::unique_ptr<PackedWeights> p4;
+      const auto m4_p4 = packed_for(*be, m4, p4);  // scale codes 0, 254 and 255 through the vector decode
+      be->linear_fp4(x.data(), s.m, m4_p4, got.data());
+      EXPECT_EQ(first_difference(got, want, true), "") << "fp4 packed " << describe(*be, s);
+    }
+  }
+}
+
+// ---- packed weights ---------------------------------------------------------------------------
+
+// The layout itself: column c of the rows of a tile side by side, zero rows after the last one, rows
+// padded to whole K blocks, FP4 scales per tile in the same order with 127 for the padding rows.
+TEST(PackedWeights, LayoutIsColumnsOfTileRows) {
+  const int64_t n = 5, k = 40;  // 2 tiles of 4 rows; k padded to 64
+  std::vector<uint8_t> w(static_cast<size_t>(n * k / 2));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint8_t>(i * 7 + 1);
+  std::vector<uint8_t> sc(static_cast<size_t>(n * 1));
+  for (size_t i = 0; i < sc.size(); ++i) sc[i] = static_cast<uint8_t>(120 + i);
+  const std::unique_ptr<Backend> be = make_backend({Isa::scalar, 2, true});
+  const PackedWeights p(be->exec(), be->allocator(), w.data(), n, k / 2, 32, 1, 4, sc.data(), 1, false);
+  const PackedView v = p.view();
+  ASSERT_EQ(v.tile_rows, 4);
+  ASSERT_EQ(v.tile_bytes, 32 * 4);
+  for (int64_t t = 0; t < 2; ++t) {
+    for (int64_t c = 0; c < 32; ++c) {
+      for (int64_t r = 0; r < 4; ++r) {
+        const int64_t row = t * 4 + r;
+        const uint8_t want = row < n && c < k / 2 ? w[static_cast<size_t>(row * (k / 2) + c)] : 0;
+        EXPECT_EQ(v.tiles[t * v.tile_bytes + c * 4 + r], want) << t << " " << c << " " << r;
+      }
+    }
+    for (int64_t r = 0; r < 4; ++r) {
+      const int64_t row = t * 4 + r;
+      EXPECT_EQ(v.scales[t * v.scale_tile_bytes + r], row < n ? sc[static_cast<size_t>(row)] : 127);
+    }
+  }
+  EXPECT_EQ(v.from_row(4).tiles, v.tiles + v.tile_bytes);
+  EXPECT_EQ(v.from_row(2).tile_rows, 0) << "a sub-matrix off the tile grid has no packed view";
+}
+
+// A sub-matrix of packed rows (one group of a block-diagonal projection such as wo_a) gives the
+// rows of the whole matrix, whether it starts on a tile boundary (packed) or not (row-major).
+TEST(PackedWeights, RowGroupsMatchTheWholeMatrix) {
+  std::mt19937 rng(23);
+  for (const Backend* be : fast_backends()) {
+    const int64_t tile = be->weight_tile_rows(), n = 4 * tile + 8, k = 96;
+    const std::vector<uint16_t> w = random_bf16_bits(rng, static_cast<size_t>(n * k));
+    const std::vector<float> x = random_activations(rng, 1, k);
+    const Bf16Matrix all{w.data(), n, k};
+    const std::unique_ptr<PackedWeights> packed = be->pack(all);
+    ASSERT_NE(packed, nullptr);
+    std::vector<float> want(static_cast<size_t>(n));
+    reference::linear_bf16(x.data(), 1, all, want.data());
+    for (const int64_t row0 : {int64_t{0}, tile, 2 * tile + 8, int64_t{3}}) {
+      const int64_t count = std::min<int64_t>(2 * tile, n - row0);
+      const PackedView pv = packed->view().from_row(row0);
+      const Bf16Matrix part{w.data() + row0 * k, count, k, pv};
+      std::vector<float> got(static_cast<size_t>(count), -1.0f);
+      be->linear_bf16(x.data(), 1, part, got.data());
+      const std::vector<float> expect(want.begin() + row0, want.begin() + row0 + count);
+      EXPECT_EQ(first_difference(got, expect), "") << label(*be) << " rows from " << row0;
+    }
+  }
+}
+
+// ---- sparse attention ------------------------------------------------------------------------
+
+// Packed K=V rows as the state holds them: window rows (E4M3 codes, E8M0 per 32) and compressed
+// rows (E2M1 nibbles, E4M3 per 16), every code but the NaN ones, scales around 1.
+struct PackedRows {
+  std::vector<std::vector<uint8_t>> window, compressed;
+  std::vector<const uint8_t*> window_ptr, compressed_ptr;
+  KvRows list() const {
+    return {window_ptr.data(), static_cast<int64_t>(window_ptr.size()), compressed_ptr.data(),
+            static_cast<int64_t>(compressed_ptr.size())};
+  }
+};
+PackedRows random_kv_rows(std::mt19937& rng, int64_t d, size_t n_window, size_t n_compressed, double null_share) {
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  std::uniform_int_distribution<int> e8m0(120, 132), e4m3_scale(0x30, 0x48);
+  PackedRows p;
+  for (size_t j = 0; j < n_window; ++j) {
+    std::vector<uint8_t> row = random_e4m3(rng, static_cast<size_t>(window_row_bytes(d)));
+    for (int64_t b = 0; b < d / 32; ++b) row[static_cast<size_t>(d + b)] = static_cast<uint8_t>(e8m0(rng));
+    p.window.push_back(std::move(row));
+  }
+  for (size_t j = 0; j < n_compressed; ++j) {
+    std::vector<uint8_t> row = random_bytes(rng, static_cast<size_t>(main_kv_bytes(d)));
+    for (int64_t b = 0; b < d / 16; ++b) row[static_cast<size_t>(d / 2 + b)] = static_cast<uint8_t>(e4m3_scale(rng));
+    p.compressed.push_back(std::move(row));
+  }
+  for (auto& r : p.window) p.window_ptr.push_back(unit(rng) >= null_share ? r.data() : nullptr);
+  for (auto& r : p.compressed) p.compressed_ptr.push_back(unit(rng) >= null_share ? r.data() : nullptr);
+  return p;
+}
+
+// Lists with null entries scattered, whole null chunks, several chunks of 64 and a partial last one,
+// window and compressed rows on both sides of a chunk boundary; head counts that are and are not
+// multiples of the vector width; d with a scalar tail; q either bf16 values (as the model passes)
+// or arbitrary fp32.
+TEST(KernelsSimd, SparseAttentionMatchesScalar) {
+  std::mt19937 rng(18);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  struct Case {
+    int64_t heads, d;
+    size_t window, compressed;
+    double null_share;
+    bool bf16_q;
+  };
+  const Case cases[] = {{1, 512, 1, 0, 0.0, true},      {5, 64, 63, 0, 0.2, true},     {16, 512, 16, 48, 0.0, true},
+                        {17, 96, 40, 25, 0.3, true},    {64, 512, 128, 72, 0.1, true}, {64, 512, 128, 512, 0.05, false},
+                        {33, 64, 2, 128, 0.5, false},   {8, 512, 0, 0, 0.0, true},     {24, 512, 128, 64, 1.0, true}};
+  for (const Backend* be : fast_backends()) {
+    for (const Case& c : cases) {
+      std::vector<float> q(static_cast<size_t>(c.heads * c.d)), sink(static_cast<size_t>(c.heads));
+      for (auto& v : q) v = c.bf16_q ? round_bf16(dist(rng) * 0.3f) : dist(rng) * 0.3f;
+      for (auto& v : sink) v = dist(rng);
+      PackedRows rows = random_kv_rows(rng, c.d, c.window, c.compressed, c.null_share);
+      if (c.window + c.compressed > 70) {  // a whole empty chunk
+        for (size_t j = 0; j < 64; ++j) {
+          (j < c.window ? rows.window_ptr[j] : rows.compressed_ptr[j - c.window]) = nullptr;
+        }
+      }
+      const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+      std::vector<float> want(q.size()), got(q.size(), -1.0f);
+      reference::sparse_attention(q.data(), c.heads, c.d, rows.list(), sink.data(), scale, want.data());
+      be->sparse_attention(q.data(), c.heads, c.d, rows.list(), sink.data(), scale, got.data());
+      EXPECT_EQ(first_difference(got, want), "")
+          << label(*be) << " heads " << c.heads << " d " << c.d << " rows " << c.window << "+" << c.compressed;
+    }
+  }
+}
+
+// The packed rows attention reads decode to what the row codecs unpack: an attention over one row
+// gives that row back (one row: softmax weight 1, the sink's share 0).
+TEST(KernelsAttention, ReadsPackedRowsAsTheCodecsUnpackThem) {
+  std::mt19937 rng(20);
+  const int64_t d = 64, heads = 2;
+  const PackedRows rows = random_kv_rows(rng, d, 1, 1, 0.0);
+  const float no_sink[heads] = {-1e30f, -1e30f};
+  const std::vector<float> q(static_cast<size_t>(heads * d), 0.0f);
+  for (const bool window : {true, false}) {
+    const uint8_t* row = window ? rows.window[0].data() : rows.compressed[0].data();
+    const KvRows one = window ? KvRows{&row, 1, nullptr, 0} : KvRows{nullptr, 0, &row, 1};
+    std::vector<float> values(static_cast<size_t>(d));
+    window ? unpack_window_row(row, d, values.data()) : unpack_main_kv_row(row, d, values.data());
+    for (float& v : values) v += 0.0f;  // the sums start from +0: a -0 value comes out as +0
+    for (const auto& b : op_backends()) {
+      std::vector<float> out(static_cast<size_t>(heads * d));
+      b->sparse_attention(q.data(), heads, d, one, no_sink, 1.0f, out.data());
+      for (int64_t h = 0; h < heads; ++h) {
+        const std::vector<float> got(out.begin() + h * d, out.begin() + (h + 1) * d);
+        EXPECT_EQ(first_difference(got, values), "") << label(*b) << (window ? " window" : " compressed");
+      }
+    }
+  }
+}
+
+TEST(KernelsSimd, ThreadCountDoesNotChangeResults) {
+  std::mt19937 rng(15);
+  const Shape shapes[] = {{1, 1000, 512}, {1, 77, 4096}, {9, 333, 512}};
+  for (const Isa level : available_backend_levels()) {
+    const std::unique_ptr<Backend> one = make_backend({level, 1, true}), two = make_backend({level, 2, true});
+    for (const Shape& s : shapes) {
+      const std::vector<float> x = random_activations(rng, s.m, s.k);
+      const std::vector<uint8_t> w8 = random_e4m3(rng, static_cast<size_t>(s.n * s.k));
+      const std::vector<uint8_t> sc8 = random_scales(rng, static_cast<size_t>(((s.n + 31) / 32) * (s.k / 32)));
+      const std::vector<uint8_t> w4 = random_bytes(rng, static_cast<size_t>(s.n * s.k / 2));
+      const std::vector<uint8_t> sc4 = random_scales(rng, static_cast<size_t>(s.n * (s.k / 32)));
+      const std::vector<uint16_t> wb = random_bf16_bits(rng, static_cast<size_t>(s.n * s.k));
+      const Fp8Matrix m8{w8.data(), sc8.data(), s.n, s.k};
+      const Fp4Matrix m4{w4.data(), sc4.data(), s.n, s.k};
+      const Bf16Matrix mb{wb.data(), s.n, s.k};
+      std::vector<float> r[2][4];
+      for (int t = 0; t < 2; ++t) {
+        const Backend& b = t == 0 ? *one : *two;
+        for (auto& v : r[t]) v.assign(static_cast<size_t>(s.m * s.n), -1.0f);
+        b.linear_fp8(x.data(), s.m, m8, r[t][0].data());
+        b.linear_fp4(x.data(), s.m, m4, r[t][1].data());
+        b.linear_bf16(x.data(), s.m, mb, r[t][2].data());
+        b.linear_f32(x.data(), s.m, mb, r[t][3].data());
+      }
+      for (int kind = 0; kind < 4; ++kind) {
+        EXPECT_EQ(first_difference(r[1][kind], r[0][kind]), "") << "kind " << kind << " " << describe(*two, s);
+      }
+    }
+  }
+}
+
+// ---- backends ---------------------------------------------------------------------------------------
+
+TEST(Backends, LevelsAreListedLowestFirstAndTheMachineRunsTheAvailableOnes) {
+  const std::vector<Isa> all = backend_levels(), here = available_backend_levels();
+  ASSERT_FALSE(all.empty());
+  EXPECT_EQ(all.front(), Isa::scalar);
+  ASSERT_FALSE(here.empty());
+  EXPECT_EQ(here.back(), detected_isa());
+  for (const Isa l : here) EXPECT_TRUE(isa_supported(l));
+  for (const Isa l : all) {
+    if (!isa_supported(l)) {
+      EXPECT_THROW(make_backend({l, 1, true}), Error) << isa_name(l);
+    }
+  }
+}
+
+TEST(Backends, OptionsAreTheirs) {
+  const std::unique_ptr<Backend> def = make_backend();
+  EXPECT_EQ(def->level(), detected_isa());
+  EXPECT_EQ(def->threads(), ThreadPool::hardware_threads());
+  const std::unique_ptr<Backend> b = make_backend({Isa::scalar, 3, true});
+  EXPECT_EQ(b->level(), Isa::scalar);
+  EXPECT_STREQ(b->name(), "scalar");
+  EXPECT_EQ(b->threads(), 3);
+  EXPECT_EQ(b->weight_tile_rows(), 0) << "the scalar level reads the checkpoint's layout";
+  EXPECT_THROW(make_backend({Isa::scalar, -1, true}), Error);
+  EXPECT_THROW(make_backend({Isa::scalar, 5000, true}), Error);
+  for (const Backend* fast : fast_backends()) {
+    EXPECT_GT(fast->weight_tile_rows(), 0) << label(*fast);
+    const std::unique_ptr<Backend> plain = make_backend({fast->level(), 1, false});
+    EXPECT_EQ(plain->weight_tile_rows(), 0) << "pack_weights = false keeps the row-major layout";
+    const std::vector<uint8_t> w(64 * 32, 1), sc(2, 127);
+    EXPECT_EQ(plain->pack(Fp8Matrix{w.data(), sc.data(), 64, 32}), nullptr);
+  }
+}
+
+// Two backends, each with its own threads, used at once from two threads: each gives the
+// reference's bits, whatever the other does.
+TEST(Backends, TwoBackendsRunAtOnce) {
+  std::mt19937 rng(21);
+  const Shape s{3, 300, 512};
+  const std::vector<float> x = random_activations(rng, s.m, s.k);
+  const std::vector<uint8_t> w = random_e4m3(rng, static_cast<size_t>(s.n * s.k));
+  const std::vector<uint8_t> sc = random_scales(rng, static_cast<size_t>(((s.n + 31) / 32) * (s.k / 32)));
+  const Fp8Matrix mat{w.data(), sc.data(), s.n, s.k};
+  std::vector<float> want(static_cast<size_t>(s.m * s.n));
+  reference::linear_fp8(x.data(), s.m, mat, want.data());
+  const std::unique_ptr<Backend> a = make_backend({detected_isa(), 2, true}), b = make_backend({Isa::scalar, 1, true});
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> runs;
+  for (int t = 0; t < 2; ++t) {
+    runs.emplace_back([&, t] {
+      const Backend& be = t == 0 ? *a : *b;
+      std::vector<float> got(want.size());
+      for (int rep = 0; rep < 20 && errors[t].empty(); ++rep) {
+        be.linear_fp8(x.data(), s.m, mat, got.data());
+        errors[t] = first_difference(got, want);
+      }
+    });
+  }
+  for (auto& r : runs) r.join();
+  EXPECT_EQ(errors[0], "") << label(*a);
+  EXPECT_EQ(errors[1], "") << label(*b);
+}
+
+TEST(CpuFeatures, NamesAndLevels) {
+  EXPECT_STREQ(isa_name(Isa::scalar), "scalar");
+  EXPECT_STREQ(isa_name(Isa::avx2), "avx2");
+  EXPECT_STREQ(isa_name(Isa::avx512), "avx512");
+  const CpuFeatures& f = cpu_features();
+  EXPECT_TRUE(!f.avx512 || f.avx2) << "AVX-512 level implies the AVX2 level";
+  EXPECT_TRUE(!f.avx512_bf16 || f.avx512);
+  EXPECT_TRUE(isa_supported(Isa::scalar));
+  EXPECT_TRUE(isa_supported(detected_isa()));
+  std::printf("[simd] detected %s (avx512_bf16 %s)\n", isa_name(detected_isa()), f.avx512_bf16 ? "yes" : "no");
+  for (const Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) EXPECT_EQ(parse_isa(isa_name(isa), "level"), isa);
+  EXPECT_THROW(parse_isa("sse", "DSV41_ISA"), Error);
+}
+
+}  // namespace

@@ -1,0 +1,130 @@
+// What the op tests share: the backends they run (every kernel level this machine runs, at several
+// thread counts), the bitwise comparison and random inputs shaped like the model's.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "numeric/formats.h"
+
+namespace dsv41::test {
+
+// Every level the machine runs (backend_levels(), so a new backend is tested by being listed there),
+// each at 1 and 3 threads: results must not depend on how the work is split. Made once per process.
+inline const std::vector<std::unique_ptr<Backend>>& op_backends() {
+  static const std::vector<std::unique_ptr<Backend>> all = [] {
+    std::vector<std::unique_ptr<Backend>> out;
+    for (const Isa level : available_backend_levels()) {
+      for (const int threads : {1, 3}) {
+        BackendOptions o;
+        o.level = level;
+        o.threads = threads;
+        out.push_back(make_backend(o));
+      }
+    }
+    return out;
+  }();
+  return all;
+}
+
+// The levels above the scalar reference (none on a machine without AVX2: those tests check nothing).
+inline std::vector<const Backend*> fast_backends() {
+  std::vector<const Backend*> out;
+  for (const auto& b : op_backends()) {
+    if (b->level() != Isa::scalar) out.push_back(b.get());
+  }
+  return out;
+}
+
+inline std::string label(const Backend& b) { return std::string(b.name()) + " x" + std::to_string(b.threads()); }
+
+// A matrix with `backend`'s packed copy (kept alive in `keep`), or as it is when it reads row-major.
+template <class Matrix>
+Matrix packed_for(const Backend& backend, Matrix m, std::unique_ptr<PackedWeights>& keep) {
+  keep = backend.pack(m);
+  if (keep) m.packed = keep->view();
+  return m;
+}
+
+// Index and values of the first bitwise difference, or "" when equal. With `any_nan`, two NaNs count
+// as equal whatever their sign and payload: when two different NaNs meet in an addition, x86 keeps
+// the first operand's, and the compiler may order a commutative add either way, so the payload of a
+// NaN result is not part of any op's contract.
+inline std::string first_difference(const std::vector<float>& got, const std::vector<float>& want,
+                                    bool any_nan = false) {
+  if (got.size() != want.size()) return "sizes differ: " + std::to_string(got.size()) + " vs " + std::to_string(want.size());
+  if (std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0) return "";
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (any_nan && std::isnan(got[i]) && std::isnan(want[i])) continue;
+    if (std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(want[i])) {
+      return "first difference at " + std::to_string(i) + ": " + std::to_string(got[i]) + " vs " +
+             std::to_string(want[i]);
+    }
+  }
+  return "";
+}
+
+// bf16 activations whose 32-blocks have different magnitudes (so the act_quant scales differ), with
+// some exact zeros and negative zeros.
+inline std::vector<float> random_activations(std::mt19937& rng, int64_t m, int64_t k) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::uniform_int_distribution<int> shift(-8, 6), special(0, 99);
+  std::vector<float> x(static_cast<size_t>(m * k));
+  for (int64_t b = 0; b < m * k; b += 32) {
+    const int s = shift(rng);
+    for (int64_t j = b; j < std::min(b + 32, m * k); ++j) {
+      const int sp = special(rng);
+      x[j] = sp == 0 ? 0.0f : sp == 1 ? -0.0f : round_bf16(std::ldexp(dist(rng), s));
+    }
+  }
+  return x;
+}
+
+// bf16 values of a normal distribution with the given spread.
+inline std::vector<float> random_bf16_values(std::mt19937& rng, size_t n, float sigma = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, sigma);
+  std::vector<float> v(n);
+  for (auto& x : v) x = round_bf16(dist(rng));
+  return v;
+}
+
+inline std::vector<uint8_t> random_bytes(std::mt19937& rng, size_t n) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<uint8_t> v(n);
+  for (auto& c : v) c = static_cast<uint8_t>(byte(rng));
+  return v;
+}
+
+// FP8 codes without the NaN codes (a checkpoint has none; NaN handling is tested on its own).
+inline std::vector<uint8_t> random_e4m3(std::mt19937& rng, size_t n) {
+  std::vector<uint8_t> v = random_bytes(rng, n);
+  for (auto& c : v) {
+    if ((c & 0x7F) == 0x7F) c = static_cast<uint8_t>(c - 1);
+  }
+  return v;
+}
+
+inline std::vector<uint8_t> random_scales(std::mt19937& rng, size_t n, int lo = 110, int hi = 135) {
+  std::uniform_int_distribution<int> code(lo, hi);
+  std::vector<uint8_t> v(n);
+  for (auto& c : v) c = static_cast<uint8_t>(code(rng));
+  return v;
+}
+
+inline std::vector<uint16_t> random_bf16_bits(std::mt19937& rng, size_t n, float sigma = 0.05f) {
+  std::normal_distribution<float> dist(0.0f, sigma);
+  std::vector<uint16_t> v(n);
+  for (auto& b : v) b = bf16_from_f32(dist(rng));
+  return v;
+}
+
+}  // namespace dsv41::test

@@ -7,7 +7,7 @@
 //  * GEMM (m = 64..512, prefill) is bound by arithmetic: it reports FLOP/s (2·m·n·k per call).
 //
 // Arguments: the ISA level (0 scalar, 1 AVX2, 2 AVX-512; a level the CPU lacks is skipped) and, for
-// the GEMVs, the thread count. DSV41_THREADS sets the pool size otherwise.
+// the GEMVs, the thread count (elsewhere one per core). Each benchmark runs on a backend of its own.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -20,16 +20,12 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu_features.h"
-#include "kernels/engram_rows.h"
-#include "kernels/index_score.h"
-#include "kernels/kernels.h"
+#include "kernels/backend.h"
 #include "kernels/linear_internal.h"
-#include "kernels/mhc_step.h"
-#include "kernels/packed_weights.h"
-#include "kernels/thread_pool.h"
+#include "kernels/reference.h"
 #include "numeric/formats.h"
 #include "numeric/quant.h"
+#include "numeric/row_codecs.h"
 
 namespace {
 
@@ -37,18 +33,17 @@ using namespace dsv41;
 
 constexpr size_t kRotateBytes = size_t{1} << 30;  // weight copies cycled through: beyond any cache
 
-// Selects the ISA level and pool size for one benchmark; false (and the benchmark skipped) when the
+// The backend of one benchmark (threads 0: one per core); null (and the benchmark skipped) when the
 // CPU lacks the level.
-bool setup(benchmark::State& state, int64_t isa_arg, int64_t threads) {
+std::unique_ptr<Backend> setup(benchmark::State& state, int64_t isa_arg, int64_t threads) {
   const Isa isa = static_cast<Isa>(isa_arg);
   if (!isa_supported(isa)) {
     state.SkipWithError("ISA level not supported by this CPU");
-    return false;
+    return nullptr;
   }
-  set_active_isa(isa);
-  if (threads > 0 && ThreadPool::global().threads() != threads) ThreadPool::global().resize(static_cast<int>(threads));
-  state.SetLabel(std::string(isa_name()) + " x" + std::to_string(ThreadPool::global().threads()));
-  return true;
+  std::unique_ptr<Backend> be = make_backend({isa, static_cast<int>(threads), true});
+  state.SetLabel(std::string(be->name()) + " x" + std::to_string(be->threads()));
+  return be;
 }
 
 std::vector<float> activations(int64_t m, int64_t k) {
@@ -84,13 +79,13 @@ struct Copies {
   const uint8_t* get(size_t iteration) const { return data[iteration % data.size()].get(); }
 };
 
-// Packed copies (packed_weights.h) of the same matrix for the active level, as many as Copies makes;
-// empty unless `packed`.
-template <class Matrix, class Pack>
-std::vector<std::unique_ptr<PackedWeights>> packed_copies(const Copies& w, Matrix m, bool packed, Pack pack) {
+// Packed copies (packed_weights.h) of the same matrix for the backend, as many as Copies makes;
+// empty unless `packed` and the backend packs.
+template <class Matrix>
+std::vector<std::unique_ptr<PackedWeights>> packed_copies(const Backend& be, const Copies& w, Matrix m, bool packed) {
   std::vector<std::unique_ptr<PackedWeights>> out;
-  if (!packed || packed_tile_rows() == 0) return out;
-  for (size_t c = 0; c < w.data.size(); ++c) out.push_back(pack(m, packed_tile_rows()));
+  if (!packed || be.weight_tile_rows() == 0) return out;
+  for (size_t c = 0; c < w.data.size(); ++c) out.push_back(be.pack(m));
   return out;
 }
 
@@ -104,13 +99,14 @@ Matrix with_copy(Matrix m, const std::vector<std::unique_ptr<PackedWeights>>& pa
 
 // Sums a 1 GiB buffer as uint64 words split over the pool: the bandwidth a weight stream can expect.
 void StreamRead(benchmark::State& state) {
-  if (!setup(state, static_cast<int64_t>(detected_isa()), state.range(0))) return;
+  const std::unique_ptr<Backend> be = setup(state, static_cast<int64_t>(detected_isa()), state.range(0));
+  if (!be) return;
   const size_t words = kRotateBytes / sizeof(uint64_t);
   std::unique_ptr<uint64_t[]> buf(new uint64_t[words]);
   for (size_t i = 0; i < words; ++i) buf[i] = i;
   std::atomic<uint64_t> sink{0};
   for (auto _ : state) {
-    parallel_for(static_cast<int64_t>(words), 4096, [&](int64_t b, int64_t e) {
+    be->exec().parallel_for(static_cast<int64_t>(words), 4096, [&](int64_t b, int64_t e, Scratch&) {
       uint64_t s[8] = {};
       for (int64_t i = b; i < e; i += 8) {  // chunks are whole multiples of 4096 words
         for (int j = 0; j < 8; ++j) s[j] += buf[i + j];
@@ -128,10 +124,11 @@ BENCHMARK(StreamRead)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMilliseco
 // The cost of one parallel_for over the pool with an empty body: what each parallel kernel call pays
 // on top of its work (workers spinning between back-to-back calls, as between a decode step's GEMVs).
 void PoolDispatch(benchmark::State& state) {
-  if (!setup(state, static_cast<int64_t>(detected_isa()), state.range(0))) return;
+  const std::unique_ptr<Backend> be = setup(state, static_cast<int64_t>(detected_isa()), state.range(0));
+  if (!be) return;
   std::atomic<int64_t> sink{0};
   for (auto _ : state) {
-    parallel_for(64, 1, [&](int64_t b, int64_t e) { sink.fetch_add(e - b, std::memory_order_relaxed); });
+    be->exec().parallel_for(64, 1, [&](int64_t b, int64_t e, Scratch&) { sink.fetch_add(e - b, std::memory_order_relaxed); });
   }
   benchmark::DoNotOptimize(sink.load());
 }
@@ -142,18 +139,19 @@ BENCHMARK(PoolDispatch)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMicrose
 // Args: n (outputs), k (inputs), ISA level, threads.
 void Fp8Gemv(benchmark::State& state) {
   const int64_t n = state.range(0), k = state.range(1);
-  if (!setup(state, state.range(2), state.range(3))) return;
+  const std::unique_ptr<Backend> be = setup(state, state.range(2), state.range(3));
+  if (!be) return;
   const Copies w(weight_bytes(static_cast<size_t>(n * k), true), true);
   std::mt19937 rng(3);
   std::vector<uint8_t> scales(static_cast<size_t>(((n + 31) / 32) * (k / 32)));
   for (auto& c : scales) c = static_cast<uint8_t>(120 + rng() % 8);
   const std::vector<float> x = activations(1, k);
   std::vector<float> y(static_cast<size_t>(n));
-  const auto packed = packed_copies(w, Fp8Matrix{w.get(0), scales.data(), n, k}, state.range(4) != 0, pack_fp8);
+  const auto packed = packed_copies(*be, w, Fp8Matrix{w.get(0), scales.data(), n, k}, state.range(4) != 0);
   size_t it = 0;
   for (auto _ : state) {
     const size_t i = it++;
-    linear_fp8(x.data(), 1, with_copy(Fp8Matrix{w.get(i), scales.data(), n, k}, packed, i), y.data());
+    be->linear_fp8(x.data(), 1, with_copy(Fp8Matrix{w.get(i), scales.data(), n, k}, packed, i), y.data());
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(w.bytes + scales.size()));
@@ -161,18 +159,19 @@ void Fp8Gemv(benchmark::State& state) {
 
 void Fp4Gemv(benchmark::State& state) {
   const int64_t n = state.range(0), k = state.range(1);
-  if (!setup(state, state.range(2), state.range(3))) return;
+  const std::unique_ptr<Backend> be = setup(state, state.range(2), state.range(3));
+  if (!be) return;
   const Copies w(weight_bytes(static_cast<size_t>(n * k / 2), false), true);
   std::mt19937 rng(3);
   std::vector<uint8_t> scales(static_cast<size_t>(n * (k / 32)));
   for (auto& c : scales) c = static_cast<uint8_t>(120 + rng() % 8);
   const std::vector<float> x = activations(1, k);
   std::vector<float> y(static_cast<size_t>(n));
-  const auto packed = packed_copies(w, Fp4Matrix{w.get(0), scales.data(), n, k}, state.range(4) != 0, pack_fp4);
+  const auto packed = packed_copies(*be, w, Fp4Matrix{w.get(0), scales.data(), n, k}, state.range(4) != 0);
   size_t it = 0;
   for (auto _ : state) {
     const size_t i = it++;
-    linear_fp4(x.data(), 1, with_copy(Fp4Matrix{w.get(i), scales.data(), n, k}, packed, i), y.data());
+    be->linear_fp4(x.data(), 1, with_copy(Fp4Matrix{w.get(i), scales.data(), n, k}, packed, i), y.data());
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(w.bytes + scales.size()));
@@ -181,7 +180,8 @@ void Fp4Gemv(benchmark::State& state) {
 // linear_f32 (router, head) and linear_bf16 (compressor, indexer) GEMVs; arg 4: 0 = f32, 1 = bf16.
 void Bf16Gemv(benchmark::State& state) {
   const int64_t n = state.range(0), k = state.range(1);
-  if (!setup(state, state.range(2), state.range(3))) return;
+  const std::unique_ptr<Backend> be = setup(state, state.range(2), state.range(3));
+  if (!be) return;
   std::vector<uint8_t> src(static_cast<size_t>(n * k * 2));
   std::mt19937 rng(5);
   std::normal_distribution<float> dist(0.0f, 0.05f);
@@ -195,14 +195,14 @@ void Bf16Gemv(benchmark::State& state) {
   size_t it = 0;
   const bool bf16 = state.range(4) != 0;
   const auto packed =
-      packed_copies(w, Bf16Matrix{reinterpret_cast<const uint16_t*>(w.get(0)), n, k}, state.range(5) != 0, pack_bf16);
+      packed_copies(*be, w, Bf16Matrix{reinterpret_cast<const uint16_t*>(w.get(0)), n, k}, state.range(5) != 0);
   for (auto _ : state) {
     const size_t i = it++;
     const Bf16Matrix mat = with_copy(Bf16Matrix{reinterpret_cast<const uint16_t*>(w.get(i)), n, k}, packed, i);
     if (bf16) {
-      linear_bf16(x.data(), 1, mat, y.data());
+      be->linear_bf16(x.data(), 1, mat, y.data());
     } else {
-      linear_f32(x.data(), 1, mat, y.data());
+      be->linear_f32(x.data(), 1, mat, y.data());
     }
     benchmark::ClobberMemory();
   }
@@ -247,13 +247,14 @@ BENCHMARK(Bf16Gemv)
 // Args: m, n, k, ISA level. One hot weight copy: at these m the arithmetic, not the read, bounds it.
 void Fp8Gemm(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
-  if (!setup(state, state.range(3), 0)) return;
+  const std::unique_ptr<Backend> be = setup(state, state.range(3), 0);
+  if (!be) return;
   const std::vector<uint8_t> w = weight_bytes(static_cast<size_t>(n * k), true);
   std::vector<uint8_t> scales(static_cast<size_t>(((n + 31) / 32) * (k / 32)), 125);
   const std::vector<float> x = activations(m, k);
   std::vector<float> y(static_cast<size_t>(m * n));
   for (auto _ : state) {
-    linear_fp8(x.data(), m, Fp8Matrix{w.data(), scales.data(), n, k}, y.data());
+    be->linear_fp8(x.data(), m, Fp8Matrix{w.data(), scales.data(), n, k}, y.data());
     benchmark::ClobberMemory();
   }
   state.counters["FLOP/s"] =
@@ -262,13 +263,14 @@ void Fp8Gemm(benchmark::State& state) {
 
 void Fp4Gemm(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
-  if (!setup(state, state.range(3), 0)) return;
+  const std::unique_ptr<Backend> be = setup(state, state.range(3), 0);
+  if (!be) return;
   const std::vector<uint8_t> w = weight_bytes(static_cast<size_t>(n * k / 2), false);
   std::vector<uint8_t> scales(static_cast<size_t>(n * (k / 32)), 125);
   const std::vector<float> x = activations(m, k);
   std::vector<float> y(static_cast<size_t>(m * n));
   for (auto _ : state) {
-    linear_fp4(x.data(), m, Fp4Matrix{w.data(), scales.data(), n, k}, y.data());
+    be->linear_fp4(x.data(), m, Fp4Matrix{w.data(), scales.data(), n, k}, y.data());
     benchmark::ClobberMemory();
   }
   state.counters["FLOP/s"] =
@@ -303,7 +305,7 @@ void ActQuant(benchmark::State& state) {
   for (auto _ : state) {
     detail::QuantizedActivations q = isa == Isa::avx512 ? detail::quantize_activations_avx512(x.data(), 1, k, 1.0f)
                                      : isa == Isa::avx2 ? detail::quantize_activations_avx2(x.data(), 1, k, 1.0f)
-                                                        : detail::quantize_activations(x.data(), 1, k, 1.0f, false);
+                                                        : detail::quantize_activations(x.data(), 1, k, 1.0f);
     benchmark::DoNotOptimize(q.values.data());
   }
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * k);
@@ -318,18 +320,27 @@ BENCHMARK(ActQuant)
 // One query of sparse attention at the released shape (64 heads, d = 512, 128 window + 512
 // selected rows); arg: ISA level.
 void SparseAttention(benchmark::State& state) {
-  if (!setup(state, state.range(0), 0)) return;
+  const std::unique_ptr<Backend> be = setup(state, state.range(0), 0);
+  if (!be) return;
   const int64_t heads = 64, d = 512, len = 640;
   std::mt19937 rng(9);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> q(static_cast<size_t>(heads * d)), kv(static_cast<size_t>(len * d)), sink(heads, 0.5f);
+  const int64_t window = 128, wrb = window_row_bytes(d), mrb = main_kv_bytes(d);
+  std::vector<float> q(static_cast<size_t>(heads * d)), row(static_cast<size_t>(d)), sink(heads, 0.5f);
   for (auto& v : q) v = round_bf16(dist(rng) * 0.05f);
-  for (auto& v : kv) v = round_bf16(dist(rng));
-  std::vector<const float*> rows(static_cast<size_t>(len));
-  for (int64_t j = 0; j < len; ++j) rows[j] = kv.data() + j * d;
+  // the rows packed as the state holds them: the window's FP8 rows, then FP4 compressed rows
+  std::vector<uint8_t> packed(static_cast<size_t>(window * wrb + (len - window) * mrb));
+  std::vector<const uint8_t*> rows(static_cast<size_t>(len));
+  for (int64_t j = 0; j < len; ++j) {
+    for (auto& v : row) v = round_bf16(dist(rng));
+    uint8_t* p = j < window ? &packed[j * wrb] : &packed[window * wrb + (j - window) * mrb];
+    j < window ? pack_window_row(row.data(), d, p) : pack_main_kv_row(row.data(), d, p);
+    rows[j] = p;
+  }
+  const KvRows list{rows.data(), window, rows.data() + window, len - window};
   std::vector<float> out(q.size());
   for (auto _ : state) {
-    sparse_attention(q.data(), heads, d, rows, sink.data(), 1.0f / std::sqrt(static_cast<float>(d)), out.data());
+    be->sparse_attention(q.data(), heads, d, list, sink.data(), 1.0f / std::sqrt(static_cast<float>(d)), out.data());
     benchmark::ClobberMemory();
   }
   state.counters["FLOP/s"] = benchmark::Counter(static_cast<double>(4 * heads * len * d),
@@ -344,7 +355,8 @@ BENCHMARK(SparseAttention)->ArgName("isa")->Arg(0)->Arg(1)->Arg(2)->UseRealTime(
 // against `keys` packed key rows, each row in its own place as paged rows are; reports keys/s
 // (query-key pairs scored per second). Args: ISA level, queries, keys, threads.
 void IndexScores(benchmark::State& state) {
-  if (!setup(state, state.range(0), state.range(3))) return;
+  const std::unique_ptr<Backend> be = setup(state, state.range(0), state.range(3));
+  if (!be) return;
   const int64_t nq = state.range(1), n_keys = state.range(2), nh = 32, K = 128;
   std::mt19937 rng(5);
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -364,7 +376,7 @@ void IndexScores(benchmark::State& state) {
   std::vector<int64_t> visible(static_cast<size_t>(nq), n_keys);
   std::vector<float> scores(static_cast<size_t>(nq * n_keys));
   for (auto _ : state) {
-    index_scores(q.data(), w.data(), nq, nh, K, keys.data(), n_keys, visible.data(), scores.data());
+    be->index_scores(q.data(), w.data(), nq, nh, K, keys.data(), n_keys, visible.data(), scores.data());
     benchmark::ClobberMemory();
   }
   state.counters["keys/s"] =
@@ -389,7 +401,8 @@ BENCHMARK(IndexScores)
 // one decode step's lookup (3 n-gram orders × 8 heads), 24 × 512 a 512-token prefill's. Reports the
 // packed bytes read per second. Args: ISA level, rows, threads.
 void EngramDequantize(benchmark::State& state) {
-  if (!setup(state, state.range(0), state.range(2))) return;
+  const std::unique_ptr<Backend> be = setup(state, state.range(0), state.range(2));
+  if (!be) return;
   const int64_t n = state.range(1), row_len = 256;
   std::mt19937 rng(6);
   std::uniform_int_distribution<int> byte(0, 255), scale(110, 135);
@@ -398,7 +411,7 @@ void EngramDequantize(benchmark::State& state) {
   for (auto& c : scales) c = static_cast<uint8_t>(scale(rng));
   std::vector<float> out(codes.size());
   for (auto _ : state) {
-    dequantize_engram_rows(codes.data(), scales.data(), n, row_len, out.data());
+    be->engram_rows(codes.data(), scales.data(), n, row_len, out.data());
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
@@ -430,7 +443,8 @@ namespace {
 // each sublayer's fn once: one hot copy would time the cache instead.
 void MhcStep(benchmark::State& state) {
   const int64_t tokens = state.range(0);
-  if (!setup(state, state.range(1), 0)) return;
+  const std::unique_ptr<Backend> be = setup(state, state.range(1), 0);
+  if (!be) return;
   HcShape s;
   s.hc = 4;
   s.dim = 5120;
@@ -449,7 +463,7 @@ void MhcStep(benchmark::State& state) {
   std::vector<float> mixes(static_cast<size_t>(mix));
   for (int64_t t = 0; t < tokens; ++t) {
     for (auto& v : mixes) v = dist(rng);
-    hc_split_sinkhorn(mixes.data(), scale.data(), base.data(), 4, 20, 1e-6f, &pre[t * 4], &post[t * 4], &comb[t * 16]);
+    reference::hc_split_sinkhorn(mixes.data(), scale.data(), base.data(), 4, 20, 1e-6f, &pre[t * 4], &post[t * 4], &comb[t * 16]);
   }
   const int64_t copies = 64;
   std::vector<float> fn_copies(static_cast<size_t>(copies) * fn.size());
@@ -461,9 +475,9 @@ void MhcStep(benchmark::State& state) {
   for (auto _ : state) {
     const HcMixWeights w{&fn_copies[static_cast<size_t>(call++ % copies * mix * n)], scale.data(), base.data()};
     if (state.range(1) == 0) {
-      detail::mhc_step_scalar(s, X.data(), y.data(), prev, w, tokens, out, u.data());
+      reference::mhc_step(s, X.data(), y.data(), prev, w, tokens, out, u.data());
     } else {
-      mhc_step(s, X.data(), y.data(), prev, w, tokens, out, u.data());
+      be->mhc_step(s, X.data(), y.data(), prev, w, tokens, out, u.data());
     }
     benchmark::ClobberMemory();
   }

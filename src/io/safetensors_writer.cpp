@@ -5,9 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <set>
 #include <system_error>
@@ -79,14 +79,13 @@ void fsync_dir(const std::string& dir, const std::string& path) {
 void write_chunks_atomic(const std::string& path, const std::vector<Chunk>& chunks) {
   const fs::path target(path);
   const std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
-  // The temporary lives in the target folder so that rename() stays within one filesystem. The
-  // counter keeps concurrent writers of one process apart.
-  static std::atomic<unsigned> counter{0};
+  // The temporary lives in the target folder so that rename() stays within one filesystem; mkstemp
+  // picks a name no other writer, in this process or another, holds.
   TempFile tmp;
-  tmp.path = (fs::path(dir) / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()) +
-                               "." + std::to_string(counter++)))
-                 .string();
-  tmp.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  std::string name = (fs::path(dir) / ("." + target.filename().string() + ".tmp.XXXXXX")).string();
+  tmp.fd = ::mkostemp(name.data(), O_CLOEXEC);
+  tmp.path = name;
+  if (tmp.fd >= 0) ::fchmod(tmp.fd, 0644);  // mkstemp creates 0600; the file replaces one readable as usual
   if (tmp.fd < 0) {
     tmp.renamed = true;  // nothing was created, so there is nothing to remove
     fail(path, "cannot create temporary file " + tmp.path + ": " + errno_text(errno));

@@ -10,9 +10,9 @@
 //  * products are rounded separately (mul, then add) as in the reference, so the results match it
 //    even for inputs that are not bf16 values.
 //  * the running max, exp, the sums and the rescale stay scalar per head, as written.
-// The list's packed rows are decoded a chunk at a time into the worker's scratch (the values
-// numeric/row_codecs.h unpacks). Heads are split over the workers in groups of one vector; results
-// do not depend on the split.
+// The list's packed rows are decoded once per query into the calling thread's scratch (the values
+// numeric/row_codecs.h unpacks), then every head reads them. Heads are split over the workers in
+// groups of one vector; results do not depend on the split.
 //
 // No include guard on purpose: each ISA file includes it once, in its own namespace.
 
@@ -33,8 +33,8 @@ inline void logits_rows(const float* qt, int64_t d, const float* const* rows, fl
 }
 
 // Heads [h0, h1) of the query (h0 a multiple of W).
-inline void attention_heads(const float* q, int64_t d, const KvRows& rows, const float* sink, float scale,
-                            float* out, int64_t h0, int64_t h1, Scratch& s) {
+inline void attention_heads(const float* q, int64_t d, const float* const* rows, int64_t n_rows, const float* sink,
+                            float scale, float* out, int64_t h0, int64_t h1, Scratch& s) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const int64_t nh = h1 - h0;
   const int64_t groups = (nh + V::W - 1) / V::W;
@@ -42,7 +42,6 @@ inline void attention_heads(const float* q, int64_t d, const KvRows& rows, const
   float* acc = s.get<float>(ScratchSlot::AttentionAcc, static_cast<size_t>(nh * d));             // [head][d]
   float* logits =
       s.get<float>(ScratchSlot::AttentionLogits, static_cast<size_t>(groups * kAttnChunk * V::W));  // [group][j][W]
-  float* decoded = s.get<float>(ScratchSlot::AttentionRows, static_cast<size_t>(kAttnChunk * d));  // [j][d]
   for (int64_t g = 0; g < groups; ++g) {
     for (int64_t i = 0; i < d; ++i) {
       for (int l = 0; l < V::W; ++l) {
@@ -57,17 +56,15 @@ inline void attention_heads(const float* q, int64_t d, const KvRows& rows, const
   float scores[kAttnChunk], probs[kAttnChunk];
   const float* live[kAttnChunk];
   int64_t live_at[kAttnChunk];
-  for (int64_t t = 0; t < rows.size(); t += kAttnChunk) {
-    const int64_t len = std::min<int64_t>(kAttnChunk, rows.size() - t);
-    // The chunk's non-null rows, in order, decoded; null ones get -inf logits.
+  for (int64_t t = 0; t < n_rows; t += kAttnChunk) {
+    const int64_t len = std::min<int64_t>(kAttnChunk, n_rows - t);
+    // The chunk's non-null rows, in order; null ones get -inf logits.
     int64_t nlive = 0;
     for (int64_t j = 0; j < len; ++j) {
-      const uint8_t* row = kv_row(rows, t + j);
-      if (row == nullptr) continue;
-      float* values = decoded + nlive * d;
-      decode_kv_row(kv_row_format(rows, t + j), row, d, values);
-      live[nlive] = values;
-      live_at[nlive++] = j;
+      if (rows[t + j] != nullptr) {
+        live[nlive] = rows[t + j];
+        live_at[nlive++] = j;
+      }
     }
     for (int64_t g = 0; g < groups; ++g) {
       const float* qg = qt + g * d * V::W;
@@ -136,8 +133,22 @@ inline void sparse_attention_simd(const Exec& ex, const float* q, int64_t heads,
                                   const float* sink, float scale, float* out) {
   if (heads <= 0) return;
   // Work of one query: heads · rows · d multiply-adds, twice. Small ones stay on the calling thread.
-  const bool parallel = heads * rows.size() * d >= (int64_t{1} << 16) && heads > V::W;
-  ex.run(parallel, heads, V::W, [&](int64_t h0, int64_t h1, Scratch& s) {
-    attention_heads(q, d, rows, sink, scale, out, h0, h1, s);
+  const int64_t n = rows.size();
+  const bool parallel = heads * n * d >= (int64_t{1} << 16) && heads > V::W;
+  ex.serial(1, [&](int64_t, int64_t, Scratch& mine) {
+    float* decoded = mine.get<float>(ScratchSlot::AttentionRows, static_cast<size_t>(std::max<int64_t>(n * d, 1)));
+    const float** values =
+        mine.get<const float*>(ScratchSlot::AttentionRowList, static_cast<size_t>(std::max<int64_t>(n, 1)));
+    // the rows split over the workers too when there are many (the caller's buffer, disjoint rows)
+    ex.run(parallel && n * d >= (int64_t{1} << 15), n, 8, [&](int64_t j0, int64_t j1, Scratch&) {
+      for (int64_t j = j0; j < j1; ++j) {
+        const uint8_t* row = kv_row(rows, j);
+        values[j] = row != nullptr ? decoded + j * d : nullptr;
+        if (row != nullptr) decode_kv_row_fast(kv_row_format(rows, j), row, d, decoded + j * d);
+      }
+    });
+    ex.run(parallel, heads, V::W, [&](int64_t h0, int64_t h1, Scratch& s) {
+      attention_heads(q, d, values, n, sink, scale, out, h0, h1, s);
+    });
   });
 }

@@ -28,4 +28,8 @@ inline void decode_kv_row(KvFormat format, const uint8_t* row, int64_t dim, floa
   }
 }
 
+// The same values through decoding tables (the kernels' hot loops use it; tests compare it with the
+// codecs').
+void decode_kv_row_fast(KvFormat format, const uint8_t* row, int64_t dim, float* out);
+
 }  // namespace dsv41

@@ -23,7 +23,8 @@ enum class ScratchSlot {
   AttentionQuery,    // queries transposed, heads in lanes
   AttentionAcc,      // P·V accumulators
   AttentionLogits,   // one chunk's logits
-  AttentionRows,     // one chunk's K=V rows decoded to fp32
+  AttentionRows,     // a query's K=V rows decoded to fp32 (the calling thread's)
+  AttentionRowList,  // pointers to them, null for empty slots
   IndexColumns,      // a key tile regrouped lane-wise
   IndexScales,       // its E8M0 scales as fp32
   IndexAcc,          // dot chains of a query group

@@ -69,13 +69,13 @@ ThreadPool::Claim ThreadPool::claim() {
     bool expected = false;
     if (busy_.compare_exchange_strong(expected, true, std::memory_order_acquire)) {
       owner_.store(me, std::memory_order_relaxed);
-      return {0, true};
+      return {0, true, true};
     }
-    // Held: by this thread (a call nested in its own job), by a worker of ours inside the job, or by
-    // another thread, whose job this one waits out.
-    if (owner_.load(std::memory_order_relaxed) == me) return {0, false};
+    // Held: by this thread (inside its own job, or in a serial section outside one), by a worker of
+    // ours inside the job, or by another thread, whose hold this one waits out.
+    if (owner_.load(std::memory_order_relaxed) == me) return {0, false, !in_job_.load(std::memory_order_relaxed)};
     for (size_t i = 0; i < worker_ids_.size(); ++i) {
-      if (worker_ids_[i] == me) return {static_cast<int>(i) + 1, false};
+      if (worker_ids_[i] == me) return {static_cast<int>(i) + 1, false, false};
     }
     busy_.wait(true, std::memory_order_relaxed);
   }
@@ -118,21 +118,25 @@ void ThreadPool::worker_loop(int worker) {
 void ThreadPool::run(int64_t n, int64_t grain, bool split, RangeFn call, void* ctx) {
   if (n <= 0) return;
   const Claim c = claim();
-  if (!c.owner) {
-    call(ctx, 0, n, c.worker);
-    return;
-  }
   struct Release {
     ThreadPool* pool;
-    ~Release() { pool->release(); }
-  } released{this};
+    bool owner;
+    ~Release() {
+      if (owner) pool->release();
+    }
+  } released{this, c.owner};
   grain = std::max<int64_t>(grain, 1);
   const int64_t units = (n + grain - 1) / grain;
   const int64_t chunks = std::min<int64_t>(units, int64_t{kChunksPerThread} * threads_);
-  if (!split || threads_ <= 1 || chunks <= 1) {
-    call(ctx, 0, n, 0);
+  if (!c.dispatch || !split || threads_ <= 1 || chunks <= 1) {
+    call(ctx, 0, n, c.worker);
     return;
   }
+  struct InJob {
+    std::atomic<bool>* flag;
+    ~InJob() { flag->store(false, std::memory_order_relaxed); }
+  } in_job{&in_job_};
+  in_job_.store(true, std::memory_order_relaxed);
   job_ = Job{call, ctx, n, grain, units, chunks};
   next_chunk_.store(0, std::memory_order_relaxed);
   pending_.store(threads_ - 1, std::memory_order_relaxed);

@@ -12,7 +12,8 @@
 // One job runs at a time. A call from a thread that is already inside this pool's job (nested) runs
 // its whole range inline as that thread's worker; a call from any other thread waits until the
 // running job is done. serial(n, fn) runs fn(0, n, worker) on the calling thread under the same
-// rule, for work too small to split that still uses its worker's scratch.
+// rule, for work too small to split that still uses its worker's scratch; it holds the pool, so a
+// parallel_for made inside it (on the same thread, outside any job) still splits over the workers.
 #pragma once
 
 #include <atomic>
@@ -66,7 +67,8 @@ class ThreadPool {
   };
   struct Claim {
     int worker = 0;
-    bool owner = false;  // this call took the pool (not nested)
+    bool owner = false;     // this call took the pool
+    bool dispatch = false;  // it may hand ranges to the workers (it holds the pool, outside a job)
   };
 
   void run(int64_t n, int64_t grain, bool split, RangeFn call, void* ctx);
@@ -81,6 +83,7 @@ class ThreadPool {
   Job job_;
   std::atomic<bool> busy_{false};              // a job (or a serial call) holds the pool
   std::atomic<std::thread::id> owner_{};       // the thread that holds it
+  std::atomic<bool> in_job_{false};            // the workers are running a job of the owner's
   std::atomic<uint64_t> generation_{0};        // bumped once per job; workers wait for it to change
   std::atomic<int> pending_{0};                // workers yet to finish the current job
   std::atomic<int64_t> next_chunk_{0};

@@ -107,8 +107,8 @@ void parse_common(const ojson& body, ApiRequest& req) {
   if (const ojson* seed = field(body, "seed")) {
     sp.seed = static_cast<uint64_t>(require_integer(*seed, "seed"));  // negative seeds wrap, still deterministic
   } else {
-    static thread_local std::mt19937_64 rng{std::random_device{}()};
-    sp.seed = rng();
+    std::random_device entropy;  // a fresh draw per request: nothing shared between requests
+    sp.seed = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
   }
   for (const char* key : {"presence_penalty", "frequency_penalty"}) {
     if (get_number(body, key, 0.0, -2.0, 2.0) != 0.0) {

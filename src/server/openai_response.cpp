@@ -24,7 +24,8 @@ std::string sse_event(const json& payload) { return "data: " + dump_json(payload
 
 std::string make_response_id(const std::string& prefix) {
   static constexpr char kAlphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::random_device entropy;  // a fresh draw per response: nothing shared between requests
+  std::mt19937_64 rng((static_cast<uint64_t>(entropy()) << 32) ^ entropy());
   std::string id = prefix;
   for (int i = 0; i < 24; ++i) id += kAlphabet[rng() % (sizeof kAlphabet - 1)];
   return id;

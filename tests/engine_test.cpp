@@ -10,6 +10,7 @@
 #include <mutex>
 #include <random>
 
+#include "kernels/backend.h"
 #include "runtime/engine.h"
 #include "test_util.h"
 #include "util/error.h"
@@ -59,6 +60,31 @@ RequestParams request(int prompt_len, uint32_t seed, int max_tokens) {
   p.sampling.seed = seed;
   p.sampling.temperature = seed % 2 ? 0.0 : 0.8;
   return p;
+}
+
+// Two engines in one process, on backends of different kernel levels and thread counts, serve at the
+// same time and give the same tokens: each owns what its kernels run on, and every level computes
+// the same bits.
+TEST(Engine, TwoEnginesOnDifferentBackendsServeAtOnce) {
+  EngineOptions a, b;
+  a.model_dir = b.model_dir = test::tiny_model_dir();
+  a.backend = make_backend({Isa::scalar, 1, true});
+  b.backend = make_backend({detected_isa(), 2, true});
+  Engine ea(a), eb(b);
+  std::vector<std::unique_ptr<Collected>> ca, cb;
+  for (uint32_t i = 0; i < 4; ++i) {
+    ca.push_back(std::make_unique<Collected>());
+    cb.push_back(std::make_unique<Collected>());
+    ea.submit(request(20 + 41 * static_cast<int>(i), i, 10), collect(*ca.back()));
+    eb.submit(request(20 + 41 * static_cast<int>(i), i, 10), collect(*cb.back()));
+  }
+  for (uint32_t i = 0; i < 4; ++i) {
+    wait(*ca[i]);
+    wait(*cb[i]);
+    EXPECT_EQ(ca[i]->last.finish_reason, "length");
+    ASSERT_EQ(ca[i]->tokens.size(), 10u);
+    EXPECT_EQ(ca[i]->tokens, cb[i]->tokens) << "request " << i << ": scalar x1 and " << b.backend->name() << " x2";
+  }
 }
 
 TEST(Engine, ConcurrentRequestsGetWhatTheyGetAlone) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Expected packed state rows for tests/row_formats_test.cpp, from model-spec §3.1 and §6.1.
+"""Expected packed state rows for tests/row_codecs_test.cpp, from model-spec §3.1 and §6.1.
 
 An independent check of the bytes derived by hand in the test's comments: the quantizers written
 from the spec in NumPy (fp32 where the reference computes in fp32, exact float64 elsewhere):
@@ -9,7 +9,7 @@ from the spec in NumPy (fp32 where the reference computes in fp32, exact float64
 E2M1 codes are of clamp(x / s, ±6) (fp32 division), nearest with ties to the even code; E4M3 codes
 of x / s, nearest-even, saturated at 448. Nibbles: the even element in the low nibble. Layout: all
 codes, then all scales.
-Run: /usr/bin/python3 tests/tools/row_formats_expected.py
+Run: /usr/bin/python3 tests/tools/row_codecs_expected.py
 """
 import math
 

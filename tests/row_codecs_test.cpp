@@ -42,7 +42,7 @@ void expect_lossless(int64_t n, int64_t bytes, Pack pack, Unpack unpack, Qdq qdq
 
 // ---- hand-computed rows ------------------------------------------------------------------------
 // Each row below is packed and the bytes compared with ones derived by hand from model-spec §3.1 and
-// §6.1 (the derivation is in the comments; tests/tools/row_formats_expected.py recomputes them from
+// §6.1 (the derivation is in the comments; tests/tools/row_codecs_expected.py recomputes them from
 // the spec with NumPy and prints the same bytes). Layout: all codes, then all scales; two E2M1 codes
 // per byte, the even element in the low nibble. E2M1 magnitudes by code 0..7: 0, 0.5, 1, 1.5, 2, 3,
 // 4, 6 (bit 3 = sign); nearest, ties to the even code: 0.25→0, 0.75→1, 1.25→1, 1.75→2, 2.5→2, 3.5→4,

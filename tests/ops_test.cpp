@@ -127,7 +127,8 @@ TEST(Ops, LinearFp8) {
         const int64_t n = std::min(s.n, kRows), k = s.k;
         auto x = std::make_shared<std::vector<float>>(random_activations(rng, m, k));
         auto w = std::make_shared<std::vector<uint8_t>>(random_e4m3(rng, static_cast<size_t>(n * k)));
-        auto sc = std::make_shared<std::vector<uint8_t>>(random_scales(rng, static_cast<size_t>(((n + 31) / 32) * (k / 32))));
+        auto sc =
+            std::make_shared<std::vector<uint8_t>>(random_scales(rng, static_cast<size_t>(((n + 31) / 32) * (k / 32))));
         cases.push_back({named(g, s.name + " m=" + std::to_string(m)), [=](const Backend* be) {
                            const Fp8Matrix mat{w->data(), sc->data(), n, k};
                            std::vector<float> y(static_cast<size_t>(m * n));
@@ -193,7 +194,8 @@ void bf16_weight_cases(std::vector<OpCase>& cases, std::mt19937& rng, bool f32) 
                            } else {
                              std::unique_ptr<PackedWeights> keep;
                              const Bf16Matrix p = packed_for(*be, mat, keep);
-                             f32 ? be->linear_f32(x->data(), m, p, y.data()) : be->linear_bf16(x->data(), m, p, y.data());
+                             f32 ? be->linear_f32(x->data(), m, p, y.data())
+                                 : be->linear_bf16(x->data(), m, p, y.data());
                            }
                            return y;
                          }});
@@ -246,7 +248,8 @@ TEST(Ops, Rope) {
   std::vector<OpCase> cases;
   for (const Geometry& g : geometries()) {
     const ModelConfig& c = g.c;
-    auto window = std::make_shared<RopeTable>(c.rope_head_dim, 0, c.rope_theta, c.rope_factor, c.beta_fast, c.beta_slow);
+    auto window =
+        std::make_shared<RopeTable>(c.rope_head_dim, 0, c.rope_theta, c.rope_factor, c.beta_fast, c.beta_slow);
     auto compressed = std::make_shared<RopeTable>(c.rope_head_dim, c.original_seq_len, c.compress_rope_theta,
                                                   c.rope_factor, c.beta_fast, c.beta_slow);
     for (const auto& table : {window, compressed}) {
@@ -280,7 +283,7 @@ TEST(Ops, PackKvRows) {
       const int64_t rows = 5;
       auto x = std::make_shared<std::vector<float>>(random_bf16_values(rng, static_cast<size_t>(rows * dim), 2.0f));
       std::fill_n(x->begin() + dim, dim, 0.0f);  // an all-zero row: the scale floors
-      const int64_t bytes = format == KvFormat::Window ? window_row_bytes(dim)
+      const int64_t bytes = format == KvFormat::Window   ? window_row_bytes(dim)
                             : format == KvFormat::MainKv ? main_kv_bytes(dim)
                                                          : index_key_bytes(dim);
       cases.push_back({named(g, name), [=, f = format, d = dim](const Backend* be) {
@@ -298,9 +301,10 @@ TEST(Ops, PackKvRows) {
 
 // The table decoder the attention kernels read rows with gives the codecs' values on every code.
 TEST(Ops, FastRowDecodeEqualsTheCodecs) {
-  for (const auto& [format, dim] : {std::pair{KvFormat::Window, int64_t{512}}, std::pair{KvFormat::MainKv, int64_t{512}},
-                                    std::pair{KvFormat::IndexKey, int64_t{128}}}) {
-    const int64_t bytes = format == KvFormat::Window ? window_row_bytes(dim)
+  for (const auto& [format, dim] :
+       {std::pair{KvFormat::Window, int64_t{512}}, std::pair{KvFormat::MainKv, int64_t{512}},
+        std::pair{KvFormat::IndexKey, int64_t{128}}}) {
+    const int64_t bytes = format == KvFormat::Window   ? window_row_bytes(dim)
                           : format == KvFormat::MainKv ? main_kv_bytes(dim)
                                                        : index_key_bytes(dim);
     for (int shift = 0; shift < 256; shift += 37) {
@@ -348,7 +352,8 @@ TEST(Ops, QuantizeIndexQueries) {
     const int64_t count = 3, nh = g.c.index_n_heads, K = g.c.index_head_dim;
     auto q = std::make_shared<std::vector<float>>(random_bf16_values(rng, static_cast<size_t>(count * nh * K)));
     auto w = std::make_shared<std::vector<float>>(random_bf16_values(rng, static_cast<size_t>(count * nh)));
-    const float head_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(K)) / std::sqrt(static_cast<double>(nh)));
+    const float head_scale =
+        static_cast<float>(1.0 / std::sqrt(static_cast<double>(K)) / std::sqrt(static_cast<double>(nh)));
     cases.push_back({named(g, "queries"), [=](const Backend* be) {
                        std::vector<float> qq = *q, ww = *w;
                        be ? be->quantize_index_queries(qq.data(), ww.data(), count, nh, K, head_scale)
@@ -604,23 +609,22 @@ TEST(Ops, MoeRouteAndDispatch) {
       (*logits)[3] = 25.0f;  // past softplus's switch to the identity
       auto bias = std::make_shared<std::vector<float>>(static_cast<size_t>(p.experts));
       for (auto& v : *bias) v = dist(rng) * 0.05f;
-      cases.push_back({named(g, "route, score function " + std::to_string(static_cast<int>(f))), [=](const Backend* be) {
-                         std::vector<int32_t> experts(static_cast<size_t>(tokens * p.k));
-                         std::vector<float> weights(experts.size());
-                         be ? be->moe_route(logits->data(), tokens, p, bias->data(), experts.data(), weights.data())
-                            : reference::moe_route(logits->data(), tokens, p, bias->data(), experts.data(),
-                                                   weights.data());
-                         // then the dispatch of that routing, as the model runs them
-                         const MoeDispatch d =
-                             be ? be->moe_dispatch(experts.data(), weights.data(), tokens, p.k, p.experts)
-                                : reference::moe_dispatch(experts.data(), weights.data(), tokens, p.k, p.experts);
-                         std::vector<float> out = as_floats(experts);
-                         out.insert(out.end(), weights.begin(), weights.end());
-                         out.insert(out.end(), d.offsets.begin(), d.offsets.end());
-                         out.insert(out.end(), d.token.begin(), d.token.end());
-                         out.insert(out.end(), d.weight.begin(), d.weight.end());
-                         return out;
-                       }});
+      cases.push_back(
+          {named(g, "route, score function " + std::to_string(static_cast<int>(f))), [=](const Backend* be) {
+             std::vector<int32_t> experts(static_cast<size_t>(tokens * p.k));
+             std::vector<float> weights(experts.size());
+             be ? be->moe_route(logits->data(), tokens, p, bias->data(), experts.data(), weights.data())
+                : reference::moe_route(logits->data(), tokens, p, bias->data(), experts.data(), weights.data());
+             // then the dispatch of that routing, as the model runs them
+             const MoeDispatch d = be ? be->moe_dispatch(experts.data(), weights.data(), tokens, p.k, p.experts)
+                                      : reference::moe_dispatch(experts.data(), weights.data(), tokens, p.k, p.experts);
+             std::vector<float> out = as_floats(experts);
+             out.insert(out.end(), weights.begin(), weights.end());
+             out.insert(out.end(), d.offsets.begin(), d.offsets.end());
+             out.insert(out.end(), d.token.begin(), d.token.end());
+             out.insert(out.end(), d.weight.begin(), d.weight.end());
+             return out;
+           }});
     }
   }
   expect_agreement(cases);
@@ -715,7 +719,8 @@ TEST(Ops, ExpertFfn) {
     }
     const auto fp4 = [=](int i) {
       const int64_t n = i == 1 ? d : inter, k = i == 1 ? inter : d;
-      return Fp4Matrix{(*bytes)[static_cast<size_t>(2 * i)].data(), (*bytes)[static_cast<size_t>(2 * i + 1)].data(), n, k};
+      return Fp4Matrix{(*bytes)[static_cast<size_t>(2 * i)].data(), (*bytes)[static_cast<size_t>(2 * i + 1)].data(), n,
+                       k};
     };
     const auto fp8 = [=](int i) {
       const int64_t n = i == 1 ? d : inter, k = i == 1 ? inter : d;
@@ -765,7 +770,8 @@ TEST(Ops, EmbedEngramAndStream) {
     for (const int64_t tokens_n : {int64_t{1}, int64_t{64}}) {
       const int64_t n = tokens_n * cols;
       auto codes = std::make_shared<std::vector<uint8_t>>(random_bytes(rng, static_cast<size_t>(n * hd)));
-      auto scales = std::make_shared<std::vector<uint8_t>>(random_scales(rng, static_cast<size_t>(n * hd / 32), 100, 150));
+      auto scales =
+          std::make_shared<std::vector<uint8_t>>(random_scales(rng, static_cast<size_t>(n * hd / 32), 100, 150));
       cases.push_back({named(g, "engram rows of " + std::to_string(tokens_n) + " tokens"), [=](const Backend* be) {
                          std::vector<float> out(static_cast<size_t>(n * hd));
                          be ? be->engram_rows(codes->data(), scales->data(), n, hd, out.data())

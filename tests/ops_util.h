@@ -61,7 +61,8 @@ Matrix packed_for(const Backend& backend, Matrix m, std::unique_ptr<PackedWeight
 // NaN result is not part of any op's contract.
 inline std::string first_difference(const std::vector<float>& got, const std::vector<float>& want,
                                     bool any_nan = false) {
-  if (got.size() != want.size()) return "sizes differ: " + std::to_string(got.size()) + " vs " + std::to_string(want.size());
+  if (got.size() != want.size())
+    return "sizes differ: " + std::to_string(got.size()) + " vs " + std::to_string(want.size());
   if (std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0) return "";
   for (size_t i = 0; i < got.size(); ++i) {
     if (any_nan && std::isnan(got[i]) && std::isnan(want[i])) continue;

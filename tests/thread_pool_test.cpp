@@ -1,4 +1,6 @@
 // The kernels' worker pool (kernels/thread_pool.h): ranges, workers, nesting, exceptions.
+#include "kernels/thread_pool.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -8,8 +10,6 @@
 #include <stdexcept>
 #include <thread>
 #include <vector>
-
-#include "kernels/thread_pool.h"
 
 namespace {
 
@@ -82,7 +82,6 @@ TEST(ThreadPool, ExceptionsReachTheCaller) {
   pool.parallel_for(2, 1, [&](int64_t b, int64_t e) { n.fetch_add(static_cast<int>(e - b)); });
   EXPECT_EQ(n.load(), 2);
 }
-
 
 // Each range names the worker running it: 0 is the caller, the others the pool's threads, and two
 // ranges running at the same time never share a worker index (kernels index scratch memory by it).

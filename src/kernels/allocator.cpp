@@ -35,7 +35,8 @@ Buffer::Buffer(Allocator& allocator, size_t bytes, size_t alignment)
 Buffer::~Buffer() { reset(); }
 
 Buffer::Buffer(Buffer&& other) noexcept
-    : allocator_(std::exchange(other.allocator_, nullptr)), data_(std::exchange(other.data_, nullptr)),
+    : allocator_(std::exchange(other.allocator_, nullptr)),
+      data_(std::exchange(other.data_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)) {}
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {

@@ -12,9 +12,12 @@
 namespace dsv41 {
 
 Backend::Backend(Isa level, const BackendOptions& options, int tile_rows)
-    : level_(level), options_(options), tile_rows_(tile_rows),
+    : level_(level),
+      options_(options),
+      tile_rows_(tile_rows),
       pool_(options.threads > 0 ? options.threads : ThreadPool::hardware_threads()),
-      scratch_(static_cast<size_t>(pool_.threads())), exec_(pool_, scratch_) {}
+      scratch_(static_cast<size_t>(pool_.threads())),
+      exec_(pool_, scratch_) {}
 
 Backend::~Backend() = default;
 
@@ -90,12 +93,12 @@ void Backend::mhc_expand(const HcShape& s, float* X, const float* y, const float
                          int64_t count) const {
   reference::mhc_expand(s, X, y, post, comb, count);
 }
-void Backend::mhc_step(const HcShape& s, float* X, const float* y, const HcCoefficients& prev,
-                       const HcMixWeights& next, int64_t count, HcCoefficientsOut out, float* u) const {
+void Backend::mhc_step(const HcShape& s, float* X, const float* y, const HcCoefficients& prev, const HcMixWeights& next,
+                       int64_t count, HcCoefficientsOut out, float* u) const {
   reference::mhc_step(s, X, y, prev, next, count, out, u);
 }
-void Backend::moe_route(const float* logits, int64_t tokens, const RouterParams& p, const float* bias,
-                        int32_t* experts, float* weights) const {
+void Backend::moe_route(const float* logits, int64_t tokens, const RouterParams& p, const float* bias, int32_t* experts,
+                        float* weights) const {
   reference::moe_route(logits, tokens, p, bias, experts, weights);
 }
 MoeDispatch Backend::moe_dispatch(const int32_t* experts, const float* weights, int64_t tokens, int64_t k,
@@ -135,8 +138,8 @@ void Backend::add(float* y, const float* x, int64_t n) const { reference::add(y,
 namespace {
 
 template <class Matrix, class Linear>
-void run_expert(const Backend& b, const ExpertMatrices<Matrix>& w, const float* x, int64_t m,
-                const float* row_weights, float limit, float* y, Linear linear) {
+void run_expert(const Backend& b, const ExpertMatrices<Matrix>& w, const float* x, int64_t m, const float* row_weights,
+                float limit, float* y, Linear linear) {
   const int64_t inter = w.w1.n;
   std::vector<float> g(static_cast<size_t>(m * inter)), u(static_cast<size_t>(m * inter));
   linear(x, m, w.w1, g.data());
@@ -264,8 +267,9 @@ class SimdBackend final : public Backend {
   void engram_rows(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t row_len,
                    float* out) const override {
     const int64_t blocks = rows * (row_len / 32);
-    exec().run(blocks >= detail::kEngramParallelBlocks, blocks, detail::kEngramBlocksPerGrain,
-               [&](int64_t b, int64_t e, Scratch&) { ops_.engram_blocks(codes + b * 32, scales + b, e - b, out + b * 32); });
+    exec().run(
+        blocks >= detail::kEngramParallelBlocks, blocks, detail::kEngramBlocksPerGrain,
+        [&](int64_t b, int64_t e, Scratch&) { ops_.engram_blocks(codes + b * 32, scales + b, e - b, out + b * 32); });
   }
 
  private:
@@ -278,9 +282,12 @@ struct Level {
   std::unique_ptr<Backend> (*make)(const BackendOptions&);
 };
 const Level kLevels[] = {
-    {Isa::scalar, [](const BackendOptions& o) -> std::unique_ptr<Backend> { return std::make_unique<ScalarBackend>(o); }},
+    {Isa::scalar,
+     [](const BackendOptions& o) -> std::unique_ptr<Backend> { return std::make_unique<ScalarBackend>(o); }},
     {Isa::avx2,
-     [](const BackendOptions& o) -> std::unique_ptr<Backend> { return std::make_unique<SimdBackend>(Isa::avx2, kAvx2, o); }},
+     [](const BackendOptions& o) -> std::unique_ptr<Backend> {
+       return std::make_unique<SimdBackend>(Isa::avx2, kAvx2, o);
+     }},
     {Isa::avx512,
      [](const BackendOptions& o) -> std::unique_ptr<Backend> {
        return std::make_unique<SimdBackend>(Isa::avx512, kAvx512, o);

@@ -150,8 +150,7 @@ class Backend {
   virtual void gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t count, float* out) const;
   // In place over gate [m, n]: clamp up to ±limit and gate to ≤ limit (limit > 0), silu(gate)·up, times
   // the row's routing weight when given, rounded to bf16.
-  virtual void swiglu(float* gate, const float* up, int64_t m, int64_t n, float limit,
-                      const float* row_weights) const;
+  virtual void swiglu(float* gate, const float* up, int64_t m, int64_t n, float limit, const float* row_weights) const;
   // One SwiGLU expert over m rows: w1 and w3 (bf16 outputs), swiglu with the routing weights (null:
   // none), then w2. x: [m, dim]; y: [m, dim]. Composed of the ops above unless a level fuses it.
   virtual void expert_ffn(const ExpertMatrices<Fp4Matrix>& w, const float* x, int64_t m, const float* row_weights,

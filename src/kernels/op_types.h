@@ -57,8 +57,7 @@ YarnRange yarn_range(int64_t rope_dim, int64_t original_seq_len, double base, do
 
 class RopeTable {
  public:
-  RopeTable(int64_t rope_dim, int64_t original_seq_len, double base, double factor, double beta_fast,
-            double beta_slow);
+  RopeTable(int64_t rope_dim, int64_t original_seq_len, double base, double factor, double beta_fast, double beta_slow);
   int64_t dim() const { return dim_; }
   const std::vector<float>& freqs() const { return freqs_; }
 
@@ -101,7 +100,7 @@ struct HcShape {
   float norm_eps = 0.0f;  // inside the rsqrt of the mixes
   int sinkhorn_iters = 20;
   float hc_eps = 1e-6f;
-  int64_t width() const { return hc * dim; }          // values per token
+  int64_t width() const { return hc * dim; }           // values per token
   int64_t mix_count() const { return (2 + hc) * hc; }  // dot products per token
 };
 
@@ -129,11 +128,11 @@ struct HcCoefficientsOut {
 enum class ScoreFunction { Softmax, Sigmoid, SqrtSoftplus };
 
 struct RouterParams {
-  int64_t experts = 0, k = 0;     // routed experts, experts per token
+  int64_t experts = 0, k = 0;  // routed experts, experts per token
   ScoreFunction score = ScoreFunction::SqrtSoftplus;
-  float temperature = 1.0f;       // logits are divided by it first
-  bool norm_topk = true;          // renormalise the k weights (when k > 1)
-  float route_scale = 1.0f;       // then scale them
+  float temperature = 1.0f;  // logits are divided by it first
+  bool norm_topk = true;     // renormalise the k weights (when k > 1)
+  float route_scale = 1.0f;  // then scale them
 };
 
 // Tokens grouped by the experts they chose, experts in ascending order, each expert's tokens in

@@ -5,7 +5,6 @@
 #include <cstring>
 #include <new>
 
-
 namespace dsv41 {
 
 namespace {
@@ -24,7 +23,8 @@ void transpose_tile(const uint8_t* rows, int64_t count, int64_t row_bytes, int64
     const int64_t c1 = std::min(cols, c0 + kStrip);
     for (int64_t r = 0; r < count; ++r) {
       T row[kStrip];
-      std::memcpy(row, rows + r * row_bytes + c0 * static_cast<int64_t>(sizeof(T)), static_cast<size_t>(c1 - c0) * sizeof(T));
+      std::memcpy(row, rows + r * row_bytes + c0 * static_cast<int64_t>(sizeof(T)),
+                  static_cast<size_t>(c1 - c0) * sizeof(T));
       for (int64_t c = c0; c < c1; ++c) out[c * tile_rows + r] = row[c - c0];
     }
     for (int64_t r = count; r < tile_rows; ++r) {
@@ -49,9 +49,9 @@ PackedView PackedView::from_row(int64_t row0) const {
 
 // The buffers are not zeroed: the packing threads write every byte, so the pages are first touched
 // (and cleared by the kernel) on every core, not on the loading thread.
-PackedWeights::PackedWeights(const Exec& exec, Allocator& allocator, const uint8_t* rows, int64_t n,
-                             int64_t row_bytes, int64_t padded_row_bytes, int elem_bytes, int tile_rows,
-                             const uint8_t* row_scales, int64_t scale_cols, bool nan_check) {
+PackedWeights::PackedWeights(const Exec& exec, Allocator& allocator, const uint8_t* rows, int64_t n, int64_t row_bytes,
+                             int64_t padded_row_bytes, int elem_bytes, int tile_rows, const uint8_t* row_scales,
+                             int64_t scale_cols, bool nan_check) {
   const int64_t tiles = (n + tile_rows - 1) / tile_rows;
   const int64_t real_cols = row_bytes / elem_bytes, padded_cols = padded_row_bytes / elem_bytes;
   view_.tile_rows = tile_rows;
@@ -110,14 +110,13 @@ std::unique_ptr<PackedWeights> pack_fp8(const Exec& exec, Allocator& allocator, 
 
 std::unique_ptr<PackedWeights> pack_fp4(const Exec& exec, Allocator& allocator, const Fp4Matrix& w, int tile_rows) {
   // one column = one byte = two consecutive k (low nibble first), as in the checkpoint
-  return std::make_unique<PackedWeights>(exec, allocator, w.w, w.n, w.k / 2, padded(w.k) / 2, 1, tile_rows, w.scale, w.k / kKBlock,
-                                         false);
+  return std::make_unique<PackedWeights>(exec, allocator, w.w, w.n, w.k / 2, padded(w.k) / 2, 1, tile_rows, w.scale,
+                                         w.k / kKBlock, false);
 }
 
-std::unique_ptr<PackedWeights> pack_bf16(const Exec& exec, Allocator& allocator, const Bf16Matrix& w,
-                                         int tile_rows) {
-  return std::make_unique<PackedWeights>(exec, allocator, reinterpret_cast<const uint8_t*>(w.w), w.n, w.k * 2, padded(w.k) * 2, 2,
-                                         tile_rows, nullptr, 0, false);
+std::unique_ptr<PackedWeights> pack_bf16(const Exec& exec, Allocator& allocator, const Bf16Matrix& w, int tile_rows) {
+  return std::make_unique<PackedWeights>(exec, allocator, reinterpret_cast<const uint8_t*>(w.w), w.n, w.k * 2,
+                                         padded(w.k) * 2, 2, tile_rows, nullptr, 0, false);
 }
 
 }  // namespace dsv41

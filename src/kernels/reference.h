@@ -25,8 +25,8 @@ void pack_kv_rows(KvFormat format, const float* x, int64_t rows, int64_t dim, ui
 // ---- compressed attention -------------------------------------------------------------------------
 void compressor_pool(const float* kv, const float* score, int64_t ratio, int64_t dim, float* out);
 void quantize_index_queries(float* q, float* weights, int64_t count, int64_t heads, int64_t dim, float head_scale);
-void index_scores(const float* q, const float* weights, int64_t nq, int64_t nh, int64_t K,
-                  const uint8_t* const* keys, int64_t n_keys, const int64_t* visible, float* scores);
+void index_scores(const float* q, const float* weights, int64_t nq, int64_t nh, int64_t K, const uint8_t* const* keys,
+                  int64_t n_keys, const int64_t* visible, float* scores);
 void index_scores_in_pool(const float* q, const float* weights, int64_t nq, int64_t nh, int64_t K,
                           const uint8_t* const* keys, int64_t n_keys, const int64_t* visible,
                           const std::vector<int32_t>* pools, int64_t block_size, float* scores);

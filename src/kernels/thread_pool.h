@@ -81,11 +81,11 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::vector<std::thread::id> worker_ids_;  // worker i + 1 runs on worker_ids_[i]
   Job job_;
-  std::atomic<bool> busy_{false};              // a job (or a serial call) holds the pool
-  std::atomic<std::thread::id> owner_{};       // the thread that holds it
-  std::atomic<bool> in_job_{false};            // the workers are running a job of the owner's
-  std::atomic<uint64_t> generation_{0};        // bumped once per job; workers wait for it to change
-  std::atomic<int> pending_{0};                // workers yet to finish the current job
+  std::atomic<bool> busy_{false};         // a job (or a serial call) holds the pool
+  std::atomic<std::thread::id> owner_{};  // the thread that holds it
+  std::atomic<bool> in_job_{false};       // the workers are running a job of the owner's
+  std::atomic<uint64_t> generation_{0};   // bumped once per job; workers wait for it to change
+  std::atomic<int> pending_{0};           // workers yet to finish the current job
   std::atomic<int64_t> next_chunk_{0};
   std::atomic<bool> stopping_{false};
   std::mutex error_mutex_;

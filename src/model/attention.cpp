@@ -102,8 +102,7 @@ std::vector<float> compress(const Backend& be, const ModelConfig& c, const Layer
       std::copy_n(&kv[i * D], D, &src.tail_kv[slot * D]);
       std::copy_n(&score[i * D], D, &src.tail_score[slot * D]);
       if (slot != ratio - 1) continue;
-      be.compressor_pool(src.tail_kv.data(), src.tail_score.data(), ratio, D,
-                         &latent[(pos / ratio - first_group) * D]);
+      be.compressor_pool(src.tail_kv.data(), src.tail_score.data(), ratio, D, &latent[(pos / ratio - first_group) * D]);
     }
   }
   norm_rows(be, latent.data(), groups, D, w.comp_norm, c.norm_eps);
@@ -168,12 +167,14 @@ void run_indexer(const Backend& be, const ModelConfig& c, const LayerRole& r, co
   }
   if (n_keys == 0) return;  // nothing compressed yet: an empty selection
   if (keys.size() < n_keys) fail("indexer", "index keys read before they were written");
-  if (r.candidate_user && !ctx.candidates_written) fail("indexer", "candidate pool read before the candidate source wrote it");
+  if (r.candidate_user && !ctx.candidates_written)
+    fail("indexer", "candidate pool read before the candidate source wrote it");
 
   // copies: RoPE and quantization below change them
   std::vector<float> q(rows.index_q, rows.index_q + s * nh * K);
   std::vector<float> wts(rows.index_weights, rows.index_weights + s * nh);
-  const float head_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(K)) / std::sqrt(static_cast<double>(nh)));
+  const float head_scale =
+      static_cast<float>(1.0 / std::sqrt(static_cast<double>(K)) / std::sqrt(static_cast<double>(nh)));
   be.rope(rope, rope_tail(q.data(), s * nh, K, c.rope_head_dim, nh, ctx.start), false);
   be.quantize_index_queries(q.data(), wts.data(), s, nh, K, head_scale);
 
@@ -246,9 +247,9 @@ void store_window_rows(const ModelConfig& c, const std::vector<uint8_t>& packed,
 // Steps 3-4 of a compressed layer: a KV source compresses this call's tokens and publishes rows and
 // index keys; an index source selects rows for each query. Afterwards the top-k this layer reads
 // must have been published.
-void compressed_kv_and_selection(const Backend& be, const ModelConfig& c, const LayerRole& r,
-                                 const AttentionWeights& w, const RopeTable& rope, const SequenceRows& rows,
-                                 ForwardContext& ctx, SequenceState& st) {
+void compressed_kv_and_selection(const Backend& be, const ModelConfig& c, const LayerRole& r, const AttentionWeights& w,
+                                 const RopeTable& rope, const SequenceRows& rows, ForwardContext& ctx,
+                                 SequenceState& st) {
   if (r.kv_source) {
     KvSourceState& src = *st.sources[r.layer];
     int64_t first = 0, groups = 0;
@@ -283,10 +284,10 @@ void compressed_kv_and_selection(const Backend& be, const ModelConfig& c, const 
 
 // Step 5: each query attends over [window rows, selected compressed rows] in the reference's list
 // layout, all read packed; the output's RoPE tail is rotated back at the query's position.
-void sparse_attention_per_query(const Backend& be, const ModelConfig& c, const LayerRole& r,
-                                const AttentionWeights& w, const RopeTable& rope, const float* q,
-                                const std::vector<uint8_t>& packed, const std::vector<uint8_t>& ring,
-                                const ForwardContext& ctx, const SequenceState& st, float* o) {
+void sparse_attention_per_query(const Backend& be, const ModelConfig& c, const LayerRole& r, const AttentionWeights& w,
+                                const RopeTable& rope, const float* q, const std::vector<uint8_t>& packed,
+                                const std::vector<uint8_t>& ring, const ForwardContext& ctx, const SequenceState& st,
+                                float* o) {
   const int64_t s = ctx.count, H = c.n_heads, D = c.head_dim, W = c.window_size, wrb = window_row_bytes(D);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   const KvSourceState* kv_src = r.compress_ratio > 0 ? st.sources[r.kv_from].get() : nullptr;
@@ -345,8 +346,7 @@ SequenceRows sequence_rows(const ModelConfig& c, AttentionProjection& p, int64_t
 }
 
 void attention_core(const Backend& be, const ModelConfig& c, const LayerRole& r, const AttentionWeights& w,
-                    const RopeTable& rope, const SequenceRows& rows, ForwardContext& ctx, SequenceState& st,
-                    float* o) {
+                    const RopeTable& rope, const SequenceRows& rows, ForwardContext& ctx, SequenceState& st, float* o) {
   be.rope(rope, rope_tail(rows.q, ctx.count * c.n_heads, c.head_dim, c.rope_head_dim, c.n_heads, ctx.start), false);
   const std::vector<uint8_t> packed = pack_window_rows(be, c, rope, ctx, rows.kv);
   std::vector<uint8_t>& ring = st.window[r.layer];
@@ -360,7 +360,8 @@ void output_projection(const Backend& be, const ModelConfig& c, const AttentionW
                        float* out) {
   // grouped O-LoRA: block-diagonal wo_a (bf16) per group of heads, then wo_b over all groups
   const int64_t H = c.n_heads, D = c.head_dim, G = c.o_groups, R = c.o_lora_rank, Kg = H * D / G;
-  std::vector<float> og(static_cast<size_t>(s * G * R)), xg(static_cast<size_t>(s * Kg)), yg(static_cast<size_t>(s * R));
+  std::vector<float> og(static_cast<size_t>(s * G * R)), xg(static_cast<size_t>(s * Kg)),
+      yg(static_cast<size_t>(s * R));
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t i = 0; i < s; ++i) std::copy_n(&o[i * H * D + g * Kg], Kg, &xg[i * Kg]);
     be.linear_bf16(xg.data(), s, w.wo_a.rows(g * R, R), yg.data());

@@ -74,7 +74,8 @@ void Drafter::observe(SequenceState& st, const std::vector<float>& taps, int64_t
   const Backend& be = model_.backend();
   if (count <= 0) return;
   const int64_t n_taps = static_cast<int64_t>(c.dspark_target_layer_ids.size()), D = c.head_dim, W = c.window_size;
-  if (static_cast<int64_t>(taps.size()) < (first_row + count) * n_taps * c.dim) fail("speculative", "missing target taps");
+  if (static_cast<int64_t>(taps.size()) < (first_row + count) * n_taps * c.dim)
+    fail("speculative", "missing target taps");
   std::vector<float> x = main_x(model_, &taps[first_row * n_taps * c.dim], count);
   // a gap (a prefix restored from the cache, a tail-mode prompt) leaves older slots without rows
   if (start != st.dspark_observed) {

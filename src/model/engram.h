@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "io/config.h"
-#include "kernels/backend.h"
 #include "io/engram_layout.h"
+#include "kernels/backend.h"
 #include "model/weights.h"
 #include "text/engram_token_map.h"
 
@@ -21,7 +21,8 @@ class EngramHasher {
   std::vector<int64_t> compress(const std::vector<int32_t>& tokens) const;
   // Row ids for each token of a call, for Engram layer `slot`: [count, hash columns]. `recent` holds
   // the compressed ids of the max_ngram-1 tokens before the call (fewer at the start of a sequence).
-  std::vector<int64_t> row_ids(int slot, const std::vector<int64_t>& recent, const std::vector<int64_t>& compressed) const;
+  std::vector<int64_t> row_ids(int slot, const std::vector<int64_t>& recent,
+                               const std::vector<int64_t>& compressed) const;
   int columns() const { return columns_; }
   int64_t pad() const { return pad_; }
   const std::vector<EngramLayerConstants>& layout() const { return layout_; }

@@ -53,12 +53,13 @@ void hc_post(const Backend& be, const ModelConfig& c, float* X, const float* y, 
   be.mhc_expand(shape(c), X, y, m.post.data(), m.comb.data(), count);
 }
 
-Mixes hc_step(const Backend& be, const ModelConfig& c, float* X, const float* y, const Mixes& prev, const std::vector<float>& fn,
-              const std::vector<float>& scale, const std::vector<float>& base, int64_t count, float* u) {
+Mixes hc_step(const Backend& be, const ModelConfig& c, float* X, const float* y, const Mixes& prev,
+              const std::vector<float>& fn, const std::vector<float>& scale, const std::vector<float>& base,
+              int64_t count, float* u) {
   const HcShape s = shape(c);
   Mixes m = sized(s, count);
   be.mhc_step(s, X, y, {prev.pre.data(), prev.post.data(), prev.comb.data()}, mix_weights(s, fn, scale, base), count,
-           outputs(m), u);
+              outputs(m), u);
   return m;
 }
 

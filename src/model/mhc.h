@@ -27,7 +27,8 @@ void hc_post(const Backend& be, const ModelConfig& c, float* X, const float* y, 
 // The step from one sublayer to the next, in one pass over the stream: hc_post(X, y, prev), then the
 // next sublayer's mixes of the new X (returned), then hc_pre of the new X with prev.pre into u (the
 // next sublayer's input). Same bits as those three calls.
-Mixes hc_step(const Backend& be, const ModelConfig& c, float* X, const float* y, const Mixes& prev, const std::vector<float>& fn,
-              const std::vector<float>& scale, const std::vector<float>& base, int64_t count, float* u);
+Mixes hc_step(const Backend& be, const ModelConfig& c, float* X, const float* y, const Mixes& prev,
+              const std::vector<float>& fn, const std::vector<float>& scale, const std::vector<float>& base,
+              int64_t count, float* u);
 
 }  // namespace dsv41

@@ -91,9 +91,9 @@ SequenceState Model::new_sequence(StatePools& pools) const {
   s.sources.resize(roles_.size());
   for (const LayerRole& r : roles_) {
     if (!r.kv_source) continue;
-    s.sources[r.layer] = std::make_unique<KvSourceState>(pools.main_kv(r.layer), pools.index_keys(r.layer),
-                                                         main_kv_bytes(config().head_dim),
-                                                         index_key_bytes(config().index_head_dim));
+    s.sources[r.layer] =
+        std::make_unique<KvSourceState>(pools.main_kv(r.layer), pools.index_keys(r.layer),
+                                        main_kv_bytes(config().head_dim), index_key_bytes(config().index_head_dim));
   }
   return s;
 }
@@ -105,7 +105,8 @@ ForwardResult Model::forward(SequenceState& state, const std::vector<int32_t>& t
 }
 
 std::vector<std::vector<float>> Model::decode_batch(const std::vector<SequenceState*>& states,
-                                                   const std::vector<int32_t>& tokens, IndexKeysMode index_keys) const {
+                                                    const std::vector<int32_t>& tokens,
+                                                    IndexKeysMode index_keys) const {
   if (states.size() != tokens.size() || states.empty()) fail("decode_batch", "needs one token per sequence");
   std::vector<ForwardCall> calls;
   for (size_t i = 0; i < states.size(); ++i) {
@@ -126,7 +127,8 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
   if (calls.empty()) fail("forward", "no calls");
   std::set<const SequenceState*> seen;
   for (const ForwardCall& call : calls) {
-    if (call.state == nullptr || !seen.insert(call.state).second) fail("forward", "each call needs a sequence of its own");
+    if (call.state == nullptr || !seen.insert(call.state).second)
+      fail("forward", "each call needs a sequence of its own");
     const int64_t s = static_cast<int64_t>(call.tokens.size());
     if (s == 0) fail("forward", "no tokens");
     if (call.state->length + s > c.max_seq_len) {
@@ -134,7 +136,8 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
                           std::to_string(c.max_seq_len));
     }
     for (int32_t t : call.tokens) {
-      if (t < 0 || t >= V) fail("tokens", "id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(V));
+      if (t < 0 || t >= V)
+        fail("tokens", "id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(V));
     }
   }
 
@@ -180,7 +183,8 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
       }
       st.engram_recent.insert(st.engram_recent.end(), compressed.begin(), compressed.end());
       const size_t keep = static_cast<size_t>(c.engram_max_ngram_size - 1);
-      if (st.engram_recent.size() > keep) st.engram_recent.erase(st.engram_recent.begin(), st.engram_recent.end() - keep);
+      if (st.engram_recent.size() > keep)
+        st.engram_recent.erase(st.engram_recent.begin(), st.engram_recent.end() - keep);
     }
     for (size_t slot = 0; slot < ids.size(); ++slot) fetches.start(slot, std::move(ids[slot]));
   }
@@ -219,7 +223,8 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
         for (auto& per_query : run.ctx.topk) {
           if (!per_query.empty()) per_query.erase(per_query.begin(), per_query.begin() + first);
         }
-        if (!run.ctx.candidates.empty()) run.ctx.candidates.erase(run.ctx.candidates.begin(), run.ctx.candidates.begin() + first);
+        if (!run.ctx.candidates.empty())
+          run.ctx.candidates.erase(run.ctx.candidates.begin(), run.ctx.candidates.begin() + first);
       }
       x.keep(kept, hc, d);
     }

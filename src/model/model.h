@@ -37,13 +37,13 @@ struct ForwardOptions {
 };
 
 struct ForwardResult {
-  std::vector<float> logits;         // [rows, vocab], fp32
+  std::vector<float> logits;  // [rows, vocab], fp32
   int64_t rows = 0;
   std::vector<float> block_outputs;  // [n_layers, count, hc, dim] when captured
   std::vector<float> dspark_taps;    // [count, n_taps·dim]: mean over copies of the tapped layers' inputs
   int64_t first_tap_row = 0;         // rows before it were not computed (tail mode)
   std::vector<std::vector<float>> compressor_kv, compressor_score;  // when record_compressor_rows
-  std::vector<IndexCapture> index;   // [layer] when capture_index
+  std::vector<IndexCapture> index;                                  // [layer] when capture_index
 };
 
 // One sequence's part of a forward over several: `tokens` at positions state->length.., which the

@@ -32,7 +32,8 @@ void moe_forward(const Backend& be, const ModelConfig& c, int layer, const MoeWe
   const MoeDispatch dispatch = be.moe_dispatch(experts.data(), weights.data(), s, rp.k, rp.experts);
   std::vector<float> routed(static_cast<size_t>(dispatch.entries() * d)), xs;
   for (int64_t e = 0; e < rp.experts; ++e) {
-    const int64_t first = dispatch.offsets[static_cast<size_t>(e)], m = dispatch.offsets[static_cast<size_t>(e + 1)] - first;
+    const int64_t first = dispatch.offsets[static_cast<size_t>(e)],
+                  m = dispatch.offsets[static_cast<size_t>(e + 1)] - first;
     if (m == 0) continue;
     xs.resize(static_cast<size_t>(m * d));
     be.gather_rows(x, d, &dispatch.token[static_cast<size_t>(first)], m, xs.data());

@@ -23,6 +23,13 @@ std::vector<T> read_array(const std::string& path) {
   return v;
 }
 
+// A forward that returns the drafter's inputs.
+ForwardOptions with_taps() {
+  ForwardOptions o;
+  o.dspark_taps = true;
+  return o;
+}
+
 TEST(GoldenDspark, DrafterMatchesTheReferenceAtEveryGreedyStep) {
   const std::string dir = test::golden_dir("tiny-dense");
   std::ifstream in(dir + "/golden.json");
@@ -38,14 +45,14 @@ TEST(GoldenDspark, DrafterMatchesTheReferenceAtEveryGreedyStep) {
   Drafter drafter(*model);
   const int64_t V = model->config().vocab_size, B = drafter.block_size();
   SequenceState st = model->new_sequence(test::pools_for(*model));
-  ForwardResult r = model->forward(st, std::vector<int32_t>(ids.begin(), ids.begin() + prefill), {});
+  ForwardResult r = model->forward(st, std::vector<int32_t>(ids.begin(), ids.begin() + prefill), with_taps());
   drafter.observe(st, r.dspark_taps, 0, 0, prefill);
   Sampler greedy(SamplingParams{});
   double num = 0, den = 0, conf_err = 0;
   int same_ids = 0, total_ids = 0, same_argmax = 0;
   for (size_t k = 1; k <= drafts.size(); ++k) {
     // the target decodes tokens[k-1] (teacher-forced, as the goldens' greedy run) and produced tokens[k]
-    ForwardResult step = model->forward(st, {tokens[k - 1]}, {});
+    ForwardResult step = model->forward(st, {tokens[k - 1]}, with_taps());
     drafter.observe(st, step.dspark_taps, 0, st.length - 1, 1);
     Draft d = drafter.draft(st, tokens[k], greedy);
     const float* ref = &ref_logits[(k - 1) * B * V];
@@ -102,9 +109,9 @@ TEST(GoldenDspark, FirstDraftFromTheReferenceTaps) {
     }
   }
   SequenceState st = model->new_sequence(test::pools_for(*model));
-  model->forward(st, std::vector<int32_t>(ids.begin(), ids.begin() + prefill), {});
+  model->forward(st, std::vector<int32_t>(ids.begin(), ids.begin() + prefill), with_taps());
   drafter.observe(st, taps, 0, 0, prefill);
-  ForwardResult step = model->forward(st, {tokens[0]}, {});
+  ForwardResult step = model->forward(st, {tokens[0]}, with_taps());
   drafter.observe(st, step.dspark_taps, 0, prefill, 1);
   Sampler greedy(SamplingParams{});
   Draft dr = drafter.draft(st, tokens[1], greedy);

@@ -103,6 +103,27 @@ TEST(ServerApi, ErrorBodyHasTheOpenAIShape) {
   EXPECT_TRUE(bare["error"]["code"].is_null());
 }
 
+// The engine's errors are answered from their kind and the field they name, whatever their text.
+TEST(ServerApi, EngineErrorsAreAnsweredFromTheirKind) {
+  const ApiError bad = api_error_from(Error(ErrorKind::InvalidInput, "max_tokens", "the request needs more memory"));
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(bad.type, "invalid_request_error");
+  EXPECT_EQ(bad.param, "max_tokens");
+  EXPECT_EQ(bad.message, "max_tokens: the request needs more memory");
+  const ApiError busy = api_error_from(Error(ErrorKind::Unavailable, "prompt", "engine: is shutting down"));
+  EXPECT_EQ(busy.status, 503) << "the kind decides, not the text or the field";
+  EXPECT_EQ(busy.type, "server_error");
+  const ApiError unnamed = api_error_from(Error("something went wrong"));
+  EXPECT_EQ(unnamed.status, 400);
+  EXPECT_TRUE(error_body(unnamed)["error"]["param"].is_null());
+  try {
+    fail_unavailable("engine", "is shutting down");
+  } catch (const Error& e) {
+    EXPECT_EQ(api_error_from(e).status, 503);
+    EXPECT_EQ(e.where(), "engine");
+  }
+}
+
 TEST(ServerApi, MalformedJsonIs400) {
   for (const char* text : {"{", "{\"model\": }", "not json", "", "[1, 2"}) {
     const ApiError e = expect_error([&] { parse_request(Endpoint::ChatCompletions, text, tiny_info()); }, 400, "");

@@ -8,6 +8,16 @@ ApiError invalid_request(const std::string& param, const std::string& message, c
 
 ApiError server_error(const std::string& message) { return ApiError(500, "server_error", message); }
 
+ApiError api_error_from(const Error& error) {
+  switch (error.kind()) {
+    case ErrorKind::Unavailable:
+      return ApiError(503, "server_error", error.what());
+    case ErrorKind::InvalidInput:
+      break;
+  }
+  return invalid_request(error.where(), error.what());
+}
+
 nlohmann::json error_body(const ApiError& error) {
   auto or_null = [](const std::string& s) { return s.empty() ? nlohmann::json(nullptr) : nlohmann::json(s); };
   return {{"error",

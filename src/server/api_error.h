@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "util/error.h"
+
 namespace dsv41::server {
 
 struct ApiError : std::exception {
@@ -29,6 +31,10 @@ struct ApiError : std::exception {
 ApiError invalid_request(const std::string& param, const std::string& message, const std::string& code = "");
 // 500 server_error: something failed that the client could not have prevented.
 ApiError server_error(const std::string& message);
+
+// The answer to an error the engine raised, from its kind: 400 about the request field it names for
+// bad input, 503 when it cannot serve now.
+ApiError api_error_from(const Error& error);
 
 nlohmann::json error_body(const ApiError& error);
 

@@ -128,11 +128,7 @@ void HttpServer::Impl::generate(Endpoint endpoint, const httplib::Request& req, 
   } catch (const Error& e) {
     // The engine refuses what can never run (validation catches the usual cases first), naming the
     // request field at fault, or what it cannot take now.
-    if (e.kind() == ErrorKind::Unavailable) {
-      send_error(res, ApiError(503, "server_error", e.what()));
-    } else {
-      send_error(res, invalid_request(e.where(), e.what()));
-    }
+    send_error(res, api_error_from(e));
     return;
   }
   if (!track(id)) engine.cancel(id);

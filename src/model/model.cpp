@@ -307,7 +307,7 @@ std::vector<int64_t> Model::engram_history(const std::vector<int32_t>& tokens) c
 std::unique_ptr<Model> load_model(const std::string& dir, const ModelOptions& options) {
   std::shared_ptr<const Backend> backend = options.backend ? options.backend : make_backend();
   ModelConfig config = load_config(dir);
-  auto weights = std::make_shared<const ModelWeights>(dir, config, *backend, options.engram);
+  auto weights = std::make_shared<const ModelWeights>(dir, config, backend, options.engram);
   const std::string tok_path = dir + "/tokenizer.json";
   std::ifstream in(tok_path, std::ios::binary);
   if (!in) fail(tok_path, "cannot be opened (the Engram token map is built from it)");

@@ -121,9 +121,10 @@ void bind_block(const Binder& b, const ModelConfig& c, const LayerRole& r, const
 
 }  // namespace
 
-ModelWeights::ModelWeights(const std::string& dir, const ModelConfig& config, const Backend& backend,
+ModelWeights::ModelWeights(const std::string& dir, const ModelConfig& config, std::shared_ptr<const Backend> backend,
                            EngramTier engram_tier)
-    : config_(config), checkpoint_(std::make_unique<Checkpoint>(dir)) {
+    : config_(config), backend_(std::move(backend)), checkpoint_(std::make_unique<Checkpoint>(dir)) {
+  if (!backend_) fail(dir, "weights need a backend");
   check_checkpoint(*checkpoint_, config_);
   Binder b(*checkpoint_);
   embed = b.bf16("embed.weight");
@@ -157,7 +158,7 @@ ModelWeights::ModelWeights(const std::string& dir, const ModelConfig& config, co
     dspark.markov_head = b.bf16(last + "markov_head.head.weight");
     dspark.confidence = b.bf16(last + "confidence_head.proj.weight");
   }
-  pack_matrices(backend);
+  pack_matrices(*backend_);
 }
 
 namespace {

@@ -74,7 +74,7 @@ class ModelWeights {
   // Opens the checkpoint in `dir`, checks every tensor against the config, binds the views and packs
   // the matrices for `backend`'s linear ops (in its memory); the Engram tables are served from
   // `engram_tier` (io/engram_store.h).
-  ModelWeights(const std::string& dir, const ModelConfig& config, const Backend& backend,
+  ModelWeights(const std::string& dir, const ModelConfig& config, std::shared_ptr<const Backend> backend,
                EngramTier engram_tier = EngramTier::Mmap);
   const ModelConfig& config() const { return config_; }
   const Checkpoint& checkpoint() const { return *checkpoint_; }
@@ -89,6 +89,7 @@ class ModelWeights {
   void pack_matrices(const Backend& backend);
 
   ModelConfig config_;
+  std::shared_ptr<const Backend> backend_;  // holds the memory of the packed copies: kept as long as they are
   std::unique_ptr<Checkpoint> checkpoint_;
   std::vector<std::unique_ptr<PackedWeights>> packed_;  // behind the FP8/FP4 views' `packed`
 };

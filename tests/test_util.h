@@ -16,6 +16,16 @@
 #include "runtime/sampler.h"
 #include "state/state_pools.h"
 
+// Sanitizer builds (cmake -DDSV41_SANITIZE=address|thread) run several times slower and hold more
+// memory (ASan's shadow and quarantine): a test that checks a speed or a peak memory skips there with
+// this, and keeps its check in every other build. Use inside a TEST body.
+#ifdef DSV41_SANITIZED
+#define DSV41_SKIP_UNDER_SANITIZERS(what) \
+  GTEST_SKIP() << what << " is not meaningful under the " DSV41_SANITIZED " sanitizer build"
+#else
+#define DSV41_SKIP_UNDER_SANITIZERS(what) static_cast<void>(0)
+#endif
+
 namespace dsv41::test {
 
 // The data the tests read lives in the project (tests/golden/README.md, configs/README.md), so a

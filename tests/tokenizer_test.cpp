@@ -18,6 +18,7 @@
 
 #include "text/byte_level.h"
 #include "text/tiny_tokenizer.h"
+#include "test_util.h"
 #include "util/error.h"
 
 namespace dsv41 {
@@ -497,6 +498,7 @@ double seconds_to_encode(const Tokenizer& tok, const std::string& text, size_t* 
 }
 
 TEST(TokenizerPerformance, HundredKilobytesWellUnderASecond) {
+  DSV41_SKIP_UNDER_SANITIZERS("a time limit");
   const std::string text = varied_text(100 * 1024);
   size_t count = 0;
   const Tokenizer fresh = Tokenizer::from_json(build_tiny_tokenizer(kTinyVocab), "tiny tokenizer");  // cold cache
@@ -511,6 +513,7 @@ TEST(TokenizerPerformance, HundredKilobytesWellUnderASecond) {
 }
 
 TEST(TokenizerPerformance, DeepSeekHundredKilobytes) {
+  DSV41_SKIP_UNDER_SANITIZERS("a time limit");
   DEEPSEEK_OR_SKIP(path);
   const Tokenizer& tok = deepseek(path);
   const std::string text = varied_text(100 * 1024);

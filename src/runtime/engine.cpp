@@ -308,19 +308,18 @@ void Engine::Impl::sample_and_emit(Request& r, const std::vector<float>& logits,
 void Engine::Impl::loop() {
   for (;;) {
     std::vector<uint64_t> cancel_now;
+    std::vector<std::unique_ptr<Request>> cancelled_queued;
     {
       std::unique_lock<std::mutex> lock(mu);
       cv.wait(lock, [&] { return stopping || !queue.empty() || !cancels.empty() || !running.empty(); });
       if (stopping) break;
       cancel_now.swap(cancels);
-      // cancelled while still queued
+      // cancelled while still queued: taken out here, told once the lock is released (finish() takes
+      // it, and a submit() meanwhile may grow the queue, which would invalidate an iterator held on it)
       for (auto it = queue.begin(); it != queue.end();) {
         if (std::find(cancel_now.begin(), cancel_now.end(), (*it)->id) != cancel_now.end()) {
-          auto r = std::move(*it);
+          cancelled_queued.push_back(std::move(*it));
           it = queue.erase(it);
-          lock.unlock();
-          finish(*r, "cancelled");
-          lock.lock();
         } else {
           ++it;
         }
@@ -328,6 +327,7 @@ void Engine::Impl::loop() {
       admit_locked();
       stats.requests_queued = queue.size();
     }
+    for (auto& r : cancelled_queued) finish(*r, "cancelled");
     for (auto& r : running) {
       if (!r->finished && std::find(cancel_now.begin(), cancel_now.end(), r->id) != cancel_now.end()) {
         finish(*r, "cancelled");

@@ -499,7 +499,7 @@ TEST(Ops, SparseAttention) {
       auto sink = std::make_shared<std::vector<float>>(random_bf16_values(rng, static_cast<size_t>(H)));
       const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
       cases.push_back({named(g, std::to_string(W) + " window + " + std::to_string(selected) + " selected rows"),
-                       [=](const Backend* be) {
+                       [store, window, compressed, q, sink, H, D, scale](const Backend* be) {  // store: the rows
                          const KvRows rows{window->data(), static_cast<int64_t>(window->size()), compressed->data(),
                                            static_cast<int64_t>(compressed->size())};
                          std::vector<float> out(q->size());

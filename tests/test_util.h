@@ -90,9 +90,9 @@ inline const Model& tiny_model() {
 // Page pools for sequences of `model`, one set per model geometry for the whole test process (they
 // must outlive every sequence that uses them).
 inline StatePools& pools_for(const Model& model) {
+  static HostAllocator host;  // constructed first, so destroyed after the pools whose pages it holds
   static std::map<std::string, std::unique_ptr<StatePools>> pools;
   auto& p = pools[config_fingerprint(model.config())];
-  static HostAllocator host;  // declared first, so it outlives the pools
   if (!p) p = std::make_unique<StatePools>(model.config(), model.roles(), host);
   return *p;
 }

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cascade_sum.h"
 #include "kernels/reference.h"
 #include "numeric/formats.h"
 #include "numeric/quant.h"
@@ -251,14 +252,11 @@ TEST(KernelsNorm, RmsNorm) {
   reference::rms_norm(x.data(), 1, n, w.data(), eps, y32.data(), false);
   reference::rms_norm(x.data(), 1, n, w.data(), eps, y16.data(), true);
 
-  // fp32 as defined: index-order sum of fp32 squares, / n, 1/sqrt, x·rstd, then weight·(x·rstd).
-  float ss = 0.0f;
+  // fp32 as defined: torch's sum of the fp32 squares (the cascade, checked against torch itself in
+  // cascade_sum_test.cpp), / n, 1/sqrt, x·rstd, then weight·(x·rstd).
+  const float ss = reference::cascade_sum_of_squares(x.data(), n);
   double dss = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float sq = x[i] * x[i];
-    ss += sq;
-    dss += static_cast<double>(x[i]) * x[i];
-  }
+  for (int64_t i = 0; i < n; ++i) dss += static_cast<double>(x[i]) * x[i];
   const float rstd = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
   const double drstd = 1.0 / std::sqrt(dss / static_cast<double>(n));
   Mismatches mm;

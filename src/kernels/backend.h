@@ -72,7 +72,7 @@ class Backend {
 
   // ---- norms, rotary, quantized rows --------------------------------------------------------------
   // Each of `rows` rows of n: y = w · (x · rsqrt(mean(x²) + eps)) in fp32, rounded to bf16 when asked.
-  // mean(x²) is a sequential fp32 sum of the rounded squares, then divided by n.
+  // mean(x²) is the fp32 sum of the rounded squares in torch's cascade (cascade_sum.h), divided by n.
   virtual void rms_norm(const float* x, int64_t rows, int64_t n, const uint16_t* weight_bf16, float eps, float* y,
                         bool round_to_bf16) const;
   // Interleaved pairs (x[2i], x[2i+1]) of each row's rope lanes as complex numbers times
@@ -121,9 +121,10 @@ class Backend {
                                 float scale, float* out) const;
 
   // ---- mHC (model-spec §3.2) -----------------------------------------------------------------------
-  // X is [count, hc, dim]; y and u are [count, dim]. Each dot product and the sum of squares is one
-  // sequential fp32 chain over the token's hc·dim values (copy-major), products rounded before the
-  // add; the expand's and the collapse's sums run over the copies in order, from 0.
+  // X is [count, hc, dim]; y and u are [count, dim]. Each dot product is one sequential fp32 chain
+  // over the token's hc·dim values (copy-major), products rounded before the add; the sum of squares
+  // is torch's cascade (cascade_sum.h); the expand's and the collapse's sums run over the copies in
+  // order, from 0.
   // mixes: rsqrt over all hc·dim values, (2+hc)·hc dot products with fn, then hc_split_sinkhorn.
   virtual void mhc_mixes(const HcShape& s, const float* X, int64_t count, const HcMixWeights& w,
                          HcCoefficientsOut out) const;

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cascade_sum.h"
 #include "kernels/reference.h"
 #include "numeric/formats.h"
 
@@ -15,9 +16,8 @@ void mhc_mixes(const HcShape& s, const float* X, int64_t count, const HcMixWeigh
   std::vector<float> mixes(static_cast<size_t>(mix));
   for (int64_t i = 0; i < count; ++i) {
     const float* x = X + i * n;
-    float sq = 0;
-    for (int64_t j = 0; j < n; ++j) sq += x[j] * x[j];
-    const float rsqrt = 1.0f / std::sqrt(sq / static_cast<float>(n) + s.norm_eps);
+    const float mean = cascade_sum_of_squares(x, n) / static_cast<float>(n);  // torch's order
+    const float rsqrt = 1.0f / std::sqrt(mean + s.norm_eps);
     for (int64_t o = 0; o < mix; ++o) {
       const float* f = w.fn + o * n;
       float acc = 0;

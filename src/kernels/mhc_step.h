@@ -9,10 +9,10 @@
 // mixes on the new stream, then its collapse with the `pre` the previous mixes produced (V4.1 hands
 // `pre` on by one sublayer). mhc_step does the three in one pass over the stream.
 //
-// Summation chains, which every version keeps bit for bit: each dot product and the sum of squares
-// is one sequential fp32 chain over the token's hc·dim values in index order (copy-major), each
-// product rounded before it is added (no fused multiply-add); the expand's and the collapse's sums
-// run over the copies in index order, starting from 0.
+// Summation orders, which every version keeps bit for bit: each dot product is one sequential fp32
+// chain over the token's hc·dim values in index order (copy-major), each product rounded before it
+// is added (no fused multiply-add); the sum of squares is torch's cascade (cascade_sum.h); the
+// expand's and the collapse's sums run over the copies in index order, starting from 0.
 #pragma once
 
 #include <cstdint>

@@ -1,10 +1,11 @@
-// AVX2 mHC kernels: the mixes' 24 dot products and sum of squares of a token in four
-// ymm accumulators, two tokens interleaved; expand and collapse 8 values at a time. The structure
+// AVX2 mHC kernels: the mixes' 24 dot products of a token in three ymm accumulators, two tokens
+// interleaved, and the sum of squares as two ymm per torch vector; expand and collapse 8 values at a time. The structure
 // is in mhc_step_simd_impl.h; this file holds the vector operations.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cascade_sum.h"
 #include "kernels/mhc_step.h"
 #include "kernels/reference.h"
 
@@ -28,7 +29,7 @@ namespace dsv41::detail::mhc_avx2 {
 struct V {
   using F = __m256;
   static constexpr int W = 8;
-  static constexpr int kTokens = 2;  // 2 tokens × 4 accumulator chains fit 16 registers with the operands
+  static constexpr int kTokens = 2;  // 2 tokens × 3 accumulator chains fit 16 registers with the operands
   static F zero() { return _mm256_setzero_ps(); }
   static F set1(float v) { return _mm256_set1_ps(v); }
   static F load(const float* p) { return _mm256_loadu_ps(p); }
@@ -40,10 +41,6 @@ struct V {
   static void store_first(float* p, F v, int64_t count) { _mm256_maskstore_ps(p, first(count), v); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
-  template <int L>
-  static F blend_lane(F f, F x) {
-    return _mm256_blend_ps(f, x, 1 << L);
-  }
   // round_bf16 lane by lane, as bf16_from_f32: nearest even, NaN kept quiet.
   static F round_bf16(F x) {
     const __m256i bits = _mm256_castps_si256(x);
@@ -56,6 +53,7 @@ struct V {
   }
 };
 
+#include "kernels/cascade_sum_simd_impl.h"
 #include "kernels/mhc_step_simd_impl.h"
 
 }  // namespace dsv41::detail::mhc_avx2

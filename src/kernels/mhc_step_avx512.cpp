@@ -1,10 +1,11 @@
-// AVX-512 (F/BW/VL/DQ) mHC kernels: the mixes' 24 dot products and sum of squares of a token in two
-// zmm accumulators, four tokens interleaved; expand and collapse 16 values at a time. The structure
+// AVX-512 (F/BW/VL/DQ) mHC kernels: the mixes' 24 dot products of a token in two zmm accumulators,
+// four tokens interleaved, and the sum of squares one zmm per torch vector; expand and collapse 16 values at a time. The structure
 // is in mhc_step_simd_impl.h; this file holds the vector operations.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cascade_sum.h"
 #include "kernels/mhc_step.h"
 #include "kernels/reference.h"
 
@@ -43,10 +44,6 @@ struct V {
   static void store_first(float* p, F v, int64_t count) { _mm512_mask_storeu_ps(p, first(count), v); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
-  template <int L>
-  static F blend_lane(F f, F x) {
-    return _mm512_mask_blend_ps(static_cast<__mmask16>(1u << L), f, x);
-  }
   // round_bf16 lane by lane, as bf16_from_f32: nearest even, NaN kept quiet.
   static F round_bf16(F x) {
     const __m512i bits = _mm512_castps_si512(x);
@@ -59,6 +56,7 @@ struct V {
   }
 };
 
+#include "kernels/cascade_sum_simd_impl.h"
 #include "kernels/mhc_step_simd_impl.h"
 
 }  // namespace dsv41::detail::mhc_avx512

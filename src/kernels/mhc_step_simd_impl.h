@@ -1,14 +1,15 @@
 // The ISA-independent part of the fast mHC kernels (mhc_step.h), included by mhc_step_avx2.cpp and
 // mhc_step_avx512.cpp inside their target region and namespace. The including file defines `V`: the
 // vector type F with W fp32 lanes, kTokens (tokens whose chains run interleaved) and the operations
-// used below; blend_lane<L>(f, x) returns f with lane L replaced by x's.
+// used below, and includes cascade_sum_simd_impl.h first.
 //
 // Layout of the mixes. Lanes are dot products, so every chain stays one sequential chain: for each
 // value x[j] of a token (in index order), x[j] is broadcast and multiplied by row j of a transposed
 // block of fn (fnT[j][o] = fn[o][j]), and the products are added to the token's accumulators. Row j
-// has kLanes = 32 lanes: the 24 mixes, the sum of squares (its multiplier is x[j] itself, blended
-// in) and zero padding. Several tokens share each fnT row, which keeps the chains' add latency
-// hidden and the row loads few.
+// has kLanes = 32 lanes: the 24 mixes and zero padding. Several tokens share each fnT row, which
+// keeps the chains' add latency hidden and the row loads few. The sum of squares is not a chain of
+// its own: the reference sums the squares in torch's cascade (cascade_sum.h), which runs over the
+// token's finished stream after the mixes' pass (cascade_sum_simd_impl.h).
 //
 // One pass over the stream: tokens are taken in tiles, and the hc·dim values in blocks of kBlock.
 // Each block of fn is transposed into an L1-sized buffer once per tile (fn itself is read once per
@@ -21,11 +22,8 @@
 
 constexpr int64_t kHc = 4;                     // the kernels are specialised for the released hc
 constexpr int64_t kMix = (2 + kHc) * kHc;      // 24 dot products
-constexpr int64_t kSquares = kMix;             // the lane of the sum-of-squares chain
-constexpr int64_t kLanes = 32;                 // fnT row: 24 mixes, the squares, padding
-constexpr int64_t kVecs = (kSquares + V::W) / V::W;  // vectors that cover the 25 chains
-constexpr int64_t kSquareVec = kSquares / V::W;
-constexpr bool kSquareAlone = kSquares % V::W == 0;  // the squares' vector holds no mix
+constexpr int64_t kLanes = 32;                 // fnT row: 24 mixes, padding
+constexpr int64_t kVecs = (kMix + V::W - 1) / V::W;  // vectors that cover the 24 chains
 constexpr int64_t kBlock = 256;                // values per block: 32 KiB of fnT
 constexpr int64_t kTile = 64;                  // tokens whose accumulators live on the stack
 constexpr int64_t kMinChunk = 16;              // fewest tokens a thread-pool chunk gets
@@ -140,20 +138,10 @@ inline void accumulate(const float* fnT, int64_t jn, const float* const* x, floa
   for (int64_t j = 0; j < jn; ++j) {
     const float* row = fnT + j * kLanes;
     V::F f[kVecs];
-    for (int64_t v = 0; v < kVecs; ++v) f[v] = kSquareAlone && v == kSquareVec ? V::zero() : V::load(row + v * V::W);
+    for (int64_t v = 0; v < kVecs; ++v) f[v] = V::load(row + v * V::W);
     for (int g = 0; g < G; ++g) {
       const V::F xb = V::set1(x[g][j]);
-      for (int64_t v = 0; v < kVecs; ++v) {
-        V::F m = f[v];
-        if (v == kSquareVec) {  // x[j]·x[j] in the squares' lane
-          if constexpr (kSquareAlone) {
-            m = xb;
-          } else {
-            m = V::template blend_lane<kSquares % V::W>(f[v], xb);
-          }
-        }
-        a[g][v] = V::add(a[g][v], V::mul(xb, m));
-      }
+      for (int64_t v = 0; v < kVecs; ++v) a[g][v] = V::add(a[g][v], V::mul(xb, f[v]));
     }
   }
   for (int g = 0; g < G; ++g)
@@ -177,9 +165,12 @@ inline void accumulate_group(int g, const float* fnT, int64_t jn, const float* c
   }
 }
 
-// rsqrt, scaling and Sinkhorn of one token, as the reference does them after its chains.
+// The sum of squares, rsqrt, scaling and Sinkhorn of one token (its stream already expanded), as the
+// reference does them after its chains.
 inline void finish_token(const Step& a, const float* acc, int64_t t) {
-  const float rsqrt = 1.0f / std::sqrt(acc[kSquares] / static_cast<float>(a.s.width()) + a.s.norm_eps);
+  const int64_t n = a.s.width();
+  const float mean = cascade_sum_of_squares(a.X + t * n, n) / static_cast<float>(n);
+  const float rsqrt = 1.0f / std::sqrt(mean + a.s.norm_eps);
   float mixes[kMix];
   for (int64_t o = 0; o < kMix; ++o) mixes[o] = acc[o] * rsqrt;
   reference::hc_split_sinkhorn(mixes, a.next.scale, a.next.base, static_cast<int>(kHc), a.s.sinkhorn_iters, a.s.hc_eps,

@@ -1,6 +1,7 @@
 // The RMSNorm op's reference (model-spec §3.1; the reference's RMSNorm.forward).
 #include <cmath>
 
+#include "kernels/cascade_sum.h"
 #include "kernels/reference.h"
 #include "numeric/formats.h"
 
@@ -9,15 +10,9 @@ namespace dsv41 {
 namespace {
 
 void rms_norm_row(const float* x, int64_t n, const uint16_t* weight_bf16, float eps, float* y, bool round_to_bf16) {
-  // mean(x²): squares rounded to fp32 (x.square()), summed in fp32 in index order, divided by n
-  // (torch's CPU mean is sum then div). torch sums with a cascade, so this differs from it by a few
-  // fp32 ulps of the mean at most, far below the bf16 output resolution.
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float sq = x[i] * x[i];
-    sum += sq;
-  }
-  const float var = sum / static_cast<float>(n);
+  // mean(x²) as torch computes x.square().mean(-1): the squares rounded to fp32, summed in ATen's
+  // cascade (cascade_sum.h), then one division by n.
+  const float var = reference::cascade_sum_of_squares(x, n) / static_cast<float>(n);
   // torch.rsqrt on CPU is 1/sqrt, both correctly rounded.
   const float rstd = 1.0f / std::sqrt(var + eps);
   for (int64_t i = 0; i < n; ++i) {

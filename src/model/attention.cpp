@@ -166,6 +166,20 @@ void run_indexer(const Backend& be, const ModelConfig& c, const LayerRole& r, co
     if (r.candidate_source) cap->candidates.assign(static_cast<size_t>(s * n_keys), 0);
   }
   if (n_keys == 0) return;  // nothing compressed yet: an empty selection
+  // teacher forcing: another implementation's choices replace ours once ours are captured
+  const int64_t k = std::min<int64_t>(c.index_topk, n_keys);
+  const std::vector<int32_t>* teacher_selection = nullptr;
+  const std::vector<uint8_t>* teacher_pool = nullptr;
+  if (ctx.teacher != nullptr) {
+    if (auto it = ctx.teacher->selections.find(r.layer); it != ctx.teacher->selections.end()) {
+      if (static_cast<int64_t>(it->second.size()) != s * k) fail("teacher forcing", "a selection is not [count, k]");
+      teacher_selection = &it->second;
+    }
+    if (auto it = ctx.teacher->pools.find(r.layer); r.candidate_source && it != ctx.teacher->pools.end()) {
+      if (static_cast<int64_t>(it->second.size()) != s * n_keys) fail("teacher forcing", "a pool is not [count, keys]");
+      teacher_pool = &it->second;
+    }
+  }
   if (keys.size() < n_keys) fail("indexer", "index keys read before they were written");
   if (r.candidate_user && !ctx.candidates_written)
     fail("indexer", "candidate pool read before the candidate source wrote it");
@@ -206,7 +220,7 @@ void run_indexer(const Backend& be, const ModelConfig& c, const LayerRole& r, co
     if (r.candidate_source) {
       ctx.candidates[i] = be.select_candidate_blocks(score, n_keys, visible, c.candidate_topk_blocks, bs);
     }
-    std::vector<int32_t> top = be.topk_ascending(score, n_keys, std::min<int64_t>(c.index_topk, n_keys));
+    std::vector<int32_t> top = be.topk_ascending(score, n_keys, k);
     for (int32_t& t : top) {
       if (t >= visible) t = -1;
     }
@@ -217,6 +231,15 @@ void run_indexer(const Backend& be, const ModelConfig& c, const LayerRole& r, co
         for (int32_t b : ctx.candidates[i])
           for (int64_t t = b * bs; t < std::min(n_keys, (b + 1) * bs); ++t) cap->candidates[i * n_keys + t] = 1;
       }
+    }
+    if (teacher_selection != nullptr) {
+      const int32_t* forced = &(*teacher_selection)[static_cast<size_t>(i * k)];
+      top.assign(forced, forced + k);
+    }
+    if (teacher_pool != nullptr) {
+      ctx.candidates[i].clear();
+      for (int64_t b = 0; b * bs < n_keys; ++b)
+        if ((*teacher_pool)[static_cast<size_t>(i * n_keys + b * bs)] != 0) ctx.candidates[i].push_back(static_cast<int32_t>(b));
     }
     selected[i] = std::move(top);
   }

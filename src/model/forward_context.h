@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "io/config.h"
@@ -25,6 +26,21 @@ struct IndexCapture {
   std::vector<uint8_t> candidates;  // [count, n_keys]: the pool (candidate source only)
 };
 
+// Teacher forcing (ForwardOptions::teacher), for checking each block against another
+// implementation's per-block results (tests/golden): every block then runs on that implementation's
+// input and choices, so what still differs is the block's own arithmetic.
+struct TeacherForcing {
+  // [n_layers, count, hc, dim]: before every block L > 0 the call's stream is replaced by entry L - 1
+  // (block 0 runs on the embedding). The `pre` handed on, the KV and index keys are this forward's.
+  std::vector<float> streams;
+  // By index-source layer, [count, k] (k = min(index_topk, compressed rows), -1 = none): the rows
+  // attended over instead of the layer's own top-k, which is still computed and captured.
+  std::map<int, std::vector<int32_t>> selections;
+  // By candidate-source layer, [count, compressed rows], 1 inside the pool: the pool handed to the
+  // candidate users instead of the layer's own.
+  std::map<int, std::vector<uint8_t>> pools;
+};
+
 struct ForwardContext {
   int64_t start = 0;  // position of the first token of this call
   int64_t count = 0;  // tokens in this call
@@ -36,6 +52,7 @@ struct ForwardContext {
   bool candidates_written = false;
   bool capture_index = false;
   std::vector<IndexCapture> index_captures;  // [layer], filled when capture_index
+  const TeacherForcing* teacher = nullptr;
   // Speculative verification: the projected rows every ratio>1 compressor received in this call, so
   // a rollback can rebuild the compressor tails of the kept positions exactly.
   bool record_compressor_rows = false;

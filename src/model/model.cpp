@@ -153,6 +153,13 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
     run.row0 = static_cast<int64_t>(tokens.size());
     // tail mode: past the last KV source only rows from tail_start on matter for any future state
     run.late_first = opt.tail_start < 0 ? 0 : std::clamp<int64_t>(opt.tail_start - call.state->length, 0, run.count);
+    if (opt.teacher) {
+      if (opt.tail_start >= 0) fail("forward", "teacher forcing needs exact mode (no tail_start)");
+      const size_t streams = opt.teacher->streams.size();
+      if (streams != 0 && static_cast<int64_t>(streams) != c.n_layers * run.count * hc * d)
+        fail("forward", "teacher-forced streams hold " + std::to_string(streams) +
+                            " values, not n_layers·count·hc·dim = " + std::to_string(c.n_layers * run.count * hc * d));
+    }
     ctx.start = call.state->length;
     ctx.count = run.count;
     ctx.index_keys = opt.index_keys;
@@ -165,6 +172,7 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
     ctx.topk.resize(roles_.size());
     ctx.topk_written.assign(roles_.size(), false);
     ctx.capture_index = opt.capture_index;
+    ctx.teacher = opt.teacher.get();
     if (opt.capture_index) ctx.index_captures.resize(roles_.size());
     tokens.insert(tokens.end(), call.tokens.begin(), call.tokens.end());
   }
@@ -263,10 +271,14 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
       }
     });
     for (size_t k = 0; k < calls.size(); ++k) {
-      if (!calls[k].options.capture_blocks) continue;
       CallRows& run = runs[k];
-      std::copy_n(&x.X[run.row0 * width], run.rows() * width, &run.view[run.kept_from * width]);
-      std::copy(run.view.begin(), run.view.end(), results[k].block_outputs.begin() + layer * run.count * width);
+      if (calls[k].options.capture_blocks) {
+        std::copy_n(&x.X[run.row0 * width], run.rows() * width, &run.view[run.kept_from * width]);
+        std::copy(run.view.begin(), run.view.end(), results[k].block_outputs.begin() + layer * run.count * width);
+      }
+      const TeacherForcing* teacher = calls[k].options.teacher.get();
+      if (teacher != nullptr && !teacher->streams.empty())
+        std::copy_n(teacher->streams.begin() + layer * run.count * width, run.count * width, &x.X[run.row0 * width]);
     }
   }
   for (size_t k = 0; k < calls.size(); ++k) calls[k].state->length += runs[k].count;

@@ -34,6 +34,8 @@ struct ForwardOptions {
   bool replay = false;
   bool record_compressor_rows = false;  // speculative verification (ForwardResult::compressor_*)
   bool dspark_taps = false;             // the drafter's inputs (ForwardResult::dspark_taps)
+  // Teacher forcing (forward_context.h), exact mode only: checks against another implementation.
+  std::shared_ptr<const TeacherForcing> teacher;
 };
 
 struct ForwardResult {

@@ -24,6 +24,7 @@
 #include "io/layer_roles.h"
 #include "model/model.h"
 #include "test_util.h"
+#include "util/error.h"
 
 namespace dsv41 {
 namespace {
@@ -190,6 +191,35 @@ TEST(GoldenBlocks, TinyDenseEachBlockOnTheReferenceInput) {
 
 TEST(GoldenBlocks, TinySparseEachBlockOnTheReferenceInput) {
   expect_rounding_only(teacher_forced(Golden("tiny-sparse")));
+}
+
+// Teacher forcing refuses what it cannot apply, naming it, instead of reading out of bounds.
+TEST(GoldenBlocks, TeacherForcingRejectsInputsThatDoNotFit) {
+  const Golden g("tiny-dense");
+  auto model = load_model(g.dir);
+  const std::vector<int32_t> ids(g.ids.begin(), g.ids.begin() + 20);
+  auto run = [&](const TeacherForcing& t, int64_t tail_start) {
+    SequenceState st = model->new_sequence(test::pools_for(*model));
+    ForwardOptions opt;
+    opt.teacher = std::make_shared<TeacherForcing>(t);
+    opt.tail_start = tail_start;
+    model->forward(st, ids, opt);
+  };
+  const ModelConfig& c = model->config();
+  TeacherForcing streams;
+  streams.streams.assign(static_cast<size_t>(c.n_layers * 20 * c.hc_mult * c.dim), 0.0f);
+  EXPECT_NO_THROW(run(streams, -1));
+  streams.streams.pop_back();
+  EXPECT_THROW(run(streams, -1), Error);  // not [n_layers, count, hc, dim]
+  EXPECT_THROW(run(TeacherForcing{}, 10), Error);  // tail mode
+  TeacherForcing selection;
+  const int64_t k = std::min<int64_t>(c.index_topk, 20 / c.compress_ratios[1]);
+  selection.selections[1].assign(static_cast<size_t>(20 * k), -1);
+  EXPECT_NO_THROW(run(selection, -1));
+  selection.selections[1][5 * k] = 9;  // query 5 of a ratio-2 layer sees rows 0..2 only
+  EXPECT_THROW(run(selection, -1), Error);
+  selection.selections[1].pop_back();
+  EXPECT_THROW(run(selection, -1), Error);  // not [count, k]
 }
 
 }  // namespace

@@ -1,7 +1,10 @@
 // The cascaded sum of squares (cascade_sum.h) on vectors, bit for bit the scalar reference's: each of
 // torch's 16-lane vectors is kGroup vectors of the including file's V (W lanes), and every add is the
 // same lane-by-lane fp32 add. Included by an ISA file inside its target region and namespace, after
-// it defines V (W, F, zero, load, store, add, mul).
+// it defines V (W, F, zero, load, store, add, mul). The cascade is written out again rather than
+// instantiated from the reference's templates: GCC compiles a template with the target options of
+// its definition, which lies outside the ISA file's target region, so it could not inline the vector
+// operations.
 //
 // No include guard on purpose: each ISA file includes it once, in its own namespace.
 

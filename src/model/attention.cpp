@@ -235,6 +235,8 @@ void run_indexer(const Backend& be, const ModelConfig& c, const LayerRole& r, co
     if (teacher_selection != nullptr) {
       const int32_t* forced = &(*teacher_selection)[static_cast<size_t>(i * k)];
       top.assign(forced, forced + k);
+      for (const int32_t t : top)
+        if (t < -1 || t >= visible) fail("teacher forcing", "a selection names a row its query cannot see");
     }
     if (teacher_pool != nullptr) {
       ctx.candidates[i].clear();

@@ -115,7 +115,8 @@ TeacherForced teacher_forced(const Golden& g) {
       const int32_t* b = &ref_sel[static_cast<size_t>(q * k)];
       const bool untied_same = selected_set(a, k, ours, &our_kth) == selected_set(b, k, theirs, &their_kth);
       d.set_mismatches += !untied_same;
-      d.ties_broken_otherwise += untied_same && selected_set(a, k, ours, nullptr) != selected_set(b, k, theirs, nullptr);
+      const bool raw_same = selected_set(a, k, ours, nullptr) == selected_set(b, k, theirs, nullptr);
+      d.ties_broken_otherwise += untied_same && !raw_same;
     }
     if (info.contains("candidates_file")) {
       const std::vector<uint8_t>& ref_cand = teacher->pools[layer];

@@ -1,6 +1,6 @@
 // AVX2 mHC kernels: the mixes' 24 dot products of a token in three ymm accumulators, two tokens
-// interleaved, and the sum of squares as two ymm per torch vector; expand and collapse 8 values at a time. The structure
-// is in mhc_step_simd_impl.h; this file holds the vector operations.
+// interleaved, and the sum of squares as two ymm per torch vector; expand and collapse 8 values at a
+// time. The structure is in mhc_step_simd_impl.h; this file holds the vector operations.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -1,6 +1,6 @@
 // AVX-512 (F/BW/VL/DQ) mHC kernels: the mixes' 24 dot products of a token in two zmm accumulators,
-// four tokens interleaved, and the sum of squares one zmm per torch vector; expand and collapse 16 values at a time. The structure
-// is in mhc_step_simd_impl.h; this file holds the vector operations.
+// four tokens interleaved, and the sum of squares one zmm per torch vector; expand and collapse 16
+// values at a time. The structure is in mhc_step_simd_impl.h; this file holds the vector operations.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -240,8 +240,10 @@ void run_indexer(const Backend& be, const ModelConfig& c, const LayerRole& r, co
     }
     if (teacher_pool != nullptr) {
       ctx.candidates[i].clear();
-      for (int64_t b = 0; b * bs < n_keys; ++b)
-        if ((*teacher_pool)[static_cast<size_t>(i * n_keys + b * bs)] != 0) ctx.candidates[i].push_back(static_cast<int32_t>(b));
+      for (int64_t b = 0; b * bs < n_keys; ++b) {
+        if ((*teacher_pool)[static_cast<size_t>(i * n_keys + b * bs)] != 0)
+          ctx.candidates[i].push_back(static_cast<int32_t>(b));
+      }
     }
     selected[i] = std::move(top);
   }

@@ -155,10 +155,10 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
     run.late_first = opt.tail_start < 0 ? 0 : std::clamp<int64_t>(opt.tail_start - call.state->length, 0, run.count);
     if (opt.teacher) {
       if (opt.tail_start >= 0) fail("forward", "teacher forcing needs exact mode (no tail_start)");
-      const size_t streams = opt.teacher->streams.size();
-      if (streams != 0 && static_cast<int64_t>(streams) != c.n_layers * run.count * hc * d)
+      const int64_t streams = static_cast<int64_t>(opt.teacher->streams.size()), want = c.n_layers * run.count * hc * d;
+      if (streams != 0 && streams != want)
         fail("forward", "teacher-forced streams hold " + std::to_string(streams) +
-                            " values, not n_layers·count·hc·dim = " + std::to_string(c.n_layers * run.count * hc * d));
+                            " values, not n_layers·count·hc·dim = " + std::to_string(want));
     }
     ctx.start = call.state->length;
     ctx.count = run.count;

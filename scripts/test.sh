@@ -15,7 +15,8 @@
 #                would add a quarter hour of build and run under TSan's slowdown for no new interleaving.
 # A sanitizer report stops the process with an error (ASan and UBSan halt on the first, TSan with
 # halt_on_error=1), so the test it happens in fails. The tests that check a time limit or a peak RSS
-# skip under sanitizers (DSV41_SKIP_UNDER_SANITIZERS), and ServerLoad sends fewer requests there.
+# skip under sanitizers (DSV41_SKIP_UNDER_SANITIZERS); ServerLoad sends fewer requests there and the
+# slowest speculative sweeps take a sample (test::kSanitized).
 # Child processes (the dsv41 binary that the CLI and server tests start) are built the same way and
 # get the same options from the environment; node (the npm client test) is not instrumented.
 #

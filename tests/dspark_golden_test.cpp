@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "golden_util.h"
 #include "model/dspark.h"
 #include "numeric/formats.h"
 #include "runtime/sampler.h"
@@ -14,14 +15,7 @@
 namespace dsv41 {
 namespace {
 
-template <typename T>
-std::vector<T> read_array(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  std::vector<T> v(static_cast<size_t>(in.tellg()) / sizeof(T));
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
-  return v;
-}
+using test::read_array;  // golden_util.h: it also names a file it cannot open
 
 // A forward that returns the drafter's inputs.
 ForwardOptions with_taps() {

@@ -6,8 +6,10 @@
 #include <random>
 #include <cmath>
 #include <algorithm>
+#include <array>
 #include <nlohmann/json.hpp>
 
+#include "kernels/cpu_features.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "test_util.h"
@@ -309,7 +311,7 @@ namespace {
 
 // Every scenario reports the lengths asked for, and each efficiency is its measured rate over the
 // machine limit measured in the same run: decode's achieved bandwidth (active bytes per token × tok/s)
-// over the measured bandwidth, prefill's FLOP rate over the measured GEMM rate (tail mode does fewer
+// over the measured bandwidth, prefill's FLOP rate over the best unit's register-only peak (tail mode does fewer
 // FLOPs per prompt than exact mode), the prefix hit's speedup is cold over warm time to first token.
 TEST(CliBench, AllScenariosReportAgainstTheMeasuredLimits) {
   test::TempDir dir;
@@ -390,6 +392,55 @@ TEST(CliBench, AllScenariosReportAgainstTheMeasuredLimits) {
   for (size_t at = text.find("<polyline"); at != std::string::npos; at = text.find("<polyline", at + 1)) ++lines;
   EXPECT_EQ(lines, 3u);
   EXPECT_NE(text.find("decode roofline"), std::string::npos);
+}
+
+// The peaks are the hardware's, one per unit the CPU has, and consistent with themselves: all cores
+// at least one core, at most cores × one core; the GEMM rows are the kernels' measured rates over
+// the best of them, at the released shapes, and never above it.
+TEST(CliBench, GemmIsReportedAgainstTheRegisterOnlyPeaks) {
+  auto r = test::run_dsv41("bench -m " + test::tiny_model_dir() + " --scenario gemm --gemm-rows 1,16 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  const auto& machine = j["machine"];
+  const auto& peaks = machine["peaks"];
+  ASSERT_TRUE(peaks.is_object() && !peaks.empty()) << machine;
+  const CpuFeatures& f = cpu_features();
+  EXPECT_EQ(peaks.contains("avx2_fp32_fma"), f.avx2) << peaks;
+  EXPECT_EQ(peaks.contains("avx512_fp32_fma"), f.avx512) << peaks;
+  EXPECT_EQ(peaks.contains("avx512_bf16"), f.avx512_bf16) << peaks;
+  if (peaks.contains("amx_bf16")) {
+    EXPECT_TRUE(f.amx_bf16);  // present only where Linux granted the tiles
+  }
+  const int cores = machine["cores"].get<int>();
+  double best = 0;
+  std::string best_unit;
+  for (const auto& [unit, g] : peaks.items()) {
+    const double all = g.get<double>(), one = machine["peaks_per_core"][unit].get<double>();
+    EXPECT_GT(one, 0.5) << unit;  // any vector unit does far more than 0.5 GFLOP/s per core
+    EXPECT_GE(all, 0.8 * one) << unit;
+    EXPECT_LE(all, 1.25 * one * cores) << unit;
+    if (all > best) best = all, best_unit = unit;
+  }
+  EXPECT_EQ(machine["peak_gflops"].get<double>(), best);
+  EXPECT_EQ(machine["peak_unit"], best_unit);
+
+  const auto& gemm = j["gemm"];
+  ASSERT_EQ(gemm.size(), 6u);  // three released shapes × two row counts
+  const std::pair<std::string, std::array<int64_t, 2>> shapes[] = {
+      {"linear_fp8", {2304, 5120}}, {"linear_fp4", {2304, 5120}}, {"linear_fp4", {5120, 2304}}};
+  for (size_t i = 0; i < gemm.size(); ++i) {
+    const auto& g = gemm[i];
+    EXPECT_EQ(g["kernel"], shapes[i / 2].first);
+    EXPECT_EQ(g["n"], shapes[i / 2].second[0]);
+    EXPECT_EQ(g["k"], shapes[i / 2].second[1]);
+    EXPECT_EQ(g["m"], i % 2 == 0 ? 1 : 16);
+    EXPECT_GT(g["gflops"].get<double>(), 0) << g;
+    EXPECT_DOUBLE_EQ(g["efficiency"].get<double>(), g["gflops"].get<double>() / best) << g;
+    EXPECT_LT(g["efficiency"].get<double>(), 1.1) << "a kernel above the register-only peak means a miscounted peak: " << g;
+  }
+  auto bad = test::run_dsv41("bench -m " + test::tiny_model_dir() + " --scenario gemm --gemm-rows 16,x");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("--gemm-rows: expects comma-separated counts, got \"x\""), std::string::npos) << bad.out;
 }
 
 }  // namespace

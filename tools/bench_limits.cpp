@@ -43,20 +43,43 @@ double measure_bandwidth_gbs(const Backend& backend, uint64_t bytes, int reps) {
   return best;
 }
 
-double measure_fp8_gemm_gflops(const Backend& backend, int64_t m, int64_t k, int64_t n, int reps) {
-  std::vector<uint8_t> w(static_cast<size_t>(n * k)), s(static_cast<size_t>(((n + 31) / 32) * ((k + 31) / 32)), 120);
-  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint8_t>((i * 2654435761u) >> 24) & 0x7E;  // finite codes
-  std::vector<float> x(static_cast<size_t>(m * k)), y(static_cast<size_t>(m * n));
-  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i % 17) - 8) * 0.125f;
-  const Fp8Matrix W{w.data(), s.data(), n, k};
-  backend.linear_fp8(x.data(), m, W, y.data());  // warm up
+namespace {
+// Best GFLOP/s of `call` (one m × k → n product) over `reps` timed calls after one warm-up.
+template <class F>
+double best_gflops(int64_t m, int64_t k, int64_t n, int reps, F&& call) {
+  call();
   double best = 0;
   for (int r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    backend.linear_fp8(x.data(), m, W, y.data());
+    call();
     best = std::max(best, 2.0 * static_cast<double>(m * n * k) / seconds(t0) / 1e9);
   }
   return best;
+}
+
+std::vector<float> activations(int64_t m, int64_t k) {
+  std::vector<float> x(static_cast<size_t>(m * k));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i % 17) - 8) * 0.125f;
+  return x;
+}
+}  // namespace
+
+double measure_fp8_gemm_gflops(const Backend& backend, int64_t m, int64_t k, int64_t n, int reps) {
+  std::vector<uint8_t> w(static_cast<size_t>(n * k)), s(static_cast<size_t>(((n + 31) / 32) * ((k + 31) / 32)), 120);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint8_t>((i * 2654435761u) >> 24) & 0x7E;  // finite codes
+  const std::vector<float> x = activations(m, k);
+  std::vector<float> y(static_cast<size_t>(m * n));
+  const Fp8Matrix W{w.data(), s.data(), n, k};
+  return best_gflops(m, k, n, reps, [&] { backend.linear_fp8(x.data(), m, W, y.data()); });
+}
+
+double measure_fp4_gemm_gflops(const Backend& backend, int64_t m, int64_t k, int64_t n, int reps) {
+  std::vector<uint8_t> w(static_cast<size_t>(n * k / 2)), s(static_cast<size_t>(n * (k / 32)), 124);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint8_t>((i * 2654435761u) >> 24);  // every E2M1 code is finite
+  const std::vector<float> x = activations(m, k);
+  std::vector<float> y(static_cast<size_t>(m * n));
+  const Fp4Matrix W{w.data(), s.data(), n, k};
+  return best_gflops(m, k, n, reps, [&] { backend.linear_fp4(x.data(), m, W, y.data()); });
 }
 
 }  // namespace dsv41::cli

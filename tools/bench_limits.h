@@ -1,5 +1,6 @@
-// The machine's own limits, measured in the same run as the engine: streaming-read memory bandwidth
-// and the FLOP rate of the FP8 GEMM kernel the prefill uses.
+// Measured in the same run as the engine: the machine's streaming-read memory bandwidth (a limit of
+// the hardware) and the rate of the project's own FP8 and FP4 GEMM kernels (reported against the
+// units' register-only peaks of machine_peaks.h, never used as a limit themselves).
 #pragma once
 
 #include <cstdint>
@@ -10,8 +11,9 @@ namespace dsv41::cli {
 
 // GB/s of a sequential read on the backend's workers over `bytes` (far larger than the caches), best of `reps`.
 double measure_bandwidth_gbs(const Backend& backend, uint64_t bytes = uint64_t{1} << 30, int reps = 3);
-// GFLOP/s of the backend's linear_fp8 at m rows × k → n (2·m·n·k FLOPs per call), best of `reps`.
-double measure_fp8_gemm_gflops(const Backend& backend, int64_t m = 256, int64_t k = 5120, int64_t n = 2048,
-                               int reps = 3);
+// GFLOP/s of the backend's linear_fp8 / linear_fp4 at m rows × k → n (2·m·n·k FLOPs per call), best
+// of `reps`, on weights of finite codes with the checkpoint's block scales.
+double measure_fp8_gemm_gflops(const Backend& backend, int64_t m, int64_t k, int64_t n, int reps = 3);
+double measure_fp4_gemm_gflops(const Backend& backend, int64_t m, int64_t k, int64_t n, int reps = 3);
 
 }  // namespace dsv41::cli

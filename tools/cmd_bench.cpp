@@ -15,6 +15,7 @@
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "bench_limits.h"
+#include "machine_peaks.h"
 #include "backend_env.h"
 #include "model/model.h"
 #include "model/model_stats.h"
@@ -53,6 +54,27 @@ nlohmann::json bench_engram(const std::string& dir, int steps, int io_threads) {
   return out;
 }
 
+// A comma-separated list of counts, each at least `min`, from option `flag`.
+std::vector<int64_t> count_list(const Args& args, const std::string& flag, const std::string& fallback, int64_t min) {
+  std::vector<int64_t> out;
+  std::stringstream ls(args.get(flag, fallback));
+  for (std::string item; std::getline(ls, item, ',');) {
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size()) fail(flag, "expects comma-separated counts, got \"" + item + "\"");
+    if (v < min) fail(flag, "each count must be at least " + std::to_string(min) + ", got " + item);
+    if (v > (int64_t{1} << 24)) fail(flag, "each count must be at most 16777216, got " + item);
+    out.push_back(v);
+  }
+  if (out.empty()) fail(flag, "needs at least one count");
+  return out;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -81,7 +103,8 @@ double active_decode_bytes(const ModelConfig& c) {
 }
 
 struct Limits {
-  double bandwidth_gbs = 0, peak_gflops = 0;
+  double bandwidth_gbs = 0;
+  double peak_gflops = 0;  // the best unit's register-only peak on all the backend's cores
 };
 
 nlohmann::json bench_decode(const Model& m, StatePools& pools, const std::vector<int64_t>& contexts, int steps,
@@ -132,6 +155,32 @@ nlohmann::json bench_cold_prefill(const Model& m, StatePools& pools, const std::
                      {"flops_efficiency", flops / secs / (lim.peak_gflops * 1e9)}});
       std::fprintf(stderr, "  cold prefill %lld tokens (%s): %.1f tok/s\n", static_cast<long long>(n),
                    mode == PrefillMode::Exact ? "exact" : "tail", tok_s);
+    }
+  }
+  return out;
+}
+
+// The project's own GEMM kernels at the released checkpoint's shapes (hidden_size 5120,
+// moe_intermediate_size 2304): the shared expert's FP8 up projection and the routed experts' FP4 up
+// and down projections, each at several row counts, against the best unit's peak.
+nlohmann::json bench_gemm(const Backend& backend, const std::vector<int64_t>& rows, const Limits& lim) {
+  struct Shape {
+    const char* kernel;
+    const char* weight;
+    int64_t k, n;
+  };
+  const Shape shapes[] = {{"linear_fp8", "ffn.shared_experts.w1", 5120, 2304},
+                          {"linear_fp4", "ffn.experts.w1", 5120, 2304},
+                          {"linear_fp4", "ffn.experts.w2", 2304, 5120}};
+  nlohmann::json out = nlohmann::json::array();
+  for (const Shape& sh : shapes) {
+    for (int64_t m : rows) {
+      const int reps = m >= 256 ? 2 : 5;
+      const double g = std::string(sh.kernel) == "linear_fp8" ? measure_fp8_gemm_gflops(backend, m, sh.k, sh.n, reps)
+                                                             : measure_fp4_gemm_gflops(backend, m, sh.k, sh.n, reps);
+      out.push_back({{"kernel", sh.kernel}, {"weight", sh.weight}, {"m", m}, {"n", sh.n}, {"k", sh.k},
+                     {"gflops", g}, {"efficiency", g / lim.peak_gflops}});
+      std::fprintf(stderr, "  %s %s m=%lld: %.1f GFLOP/s\n", sh.kernel, sh.weight, static_cast<long long>(m), g);
     }
   }
   return out;
@@ -294,42 +343,37 @@ int run_bench(int argc, char** argv) {
   if (wants_help(argc, argv)) {
     std::puts(
         "usage: dsv41 bench -m DIR [--scenario LIST] [--json] [--plot FILE.svg] [--steps N]\n\n"
-        "scenarios (comma-separated; default cold-prefill,prefix-hit,decode,concurrency):\n"
+        "scenarios (comma-separated; default gemm,cold-prefill,prefix-hit,decode,concurrency):\n"
+        "  gemm          the FP8 and FP4 GEMM kernels at the released checkpoint's shapes, several row counts\n"
         "  cold-prefill  prompt tokens/s at several prompt lengths, exact and tail mode\n"
         "  prefix-hit    time to first token with the first 90% of a prompt cached (RAM and disk tier,\n"
         "                exact and replay mode) against its cold prefill\n"
         "  decode        tokens/s at several context lengths\n"
         "  concurrency   aggregate decode tokens/s at 1, 2, 4, 8 streams through the scheduler\n"
         "  engram        per-step Engram lookup time from each tier (mmap, ram, pread)\n"
-        "The machine's limits are measured in the same run: streaming-read memory bandwidth and the FP8\n"
-        "GEMM rate; decode is reported against the first, prefill against the second.\n"
-        "  --lengths A,B,..   prompt lengths / contexts (default 128,512,2048)");
+        "The machine's limits are measured in the same run: streaming-read memory bandwidth and, for each\n"
+        "arithmetic unit present (AMX-BF16, AVX-512-BF16, AVX-512 / AVX2 fp32 FMA), its register-only peak\n"
+        "on all cores. Decode is reported against the bandwidth, prefill and GEMM against the best peak.\n"
+        "  --lengths A,B,..   prompt lengths / contexts (default 128,512,2048)\n"
+        "  --gemm-rows A,B,.. row counts of the gemm scenario (default 1,16,64,256,1024)");
     return 0;
   }
-  Args args("bench", argc, argv, {"--model", "--scenario", "--steps", "--io-threads", "--plot", "--lengths"}, {"--json"},
+  Args args("bench", argc, argv, {"--model", "--scenario", "--steps", "--io-threads", "--plot", "--lengths", "--gemm-rows"}, {"--json"},
             {{"-m", "--model"}});
   const std::string dir = args.required("--model");
-  const std::string scenarios = args.get("--scenario", "cold-prefill,prefix-hit,decode,concurrency");
+  const std::string scenarios = args.get("--scenario", "gemm,cold-prefill,prefix-hit,decode,concurrency");
   const int steps = static_cast<int>(args.get_int("--steps", 0, 1, 10000000));
   const int io_threads = static_cast<int>(args.get_int("--io-threads", 4, 1, 256));
-  std::vector<int64_t> lengths;
-  {
-    std::stringstream ls(args.get("--lengths", "128,512,2048"));
-    for (std::string item; std::getline(ls, item, ',');) {
-      try {
-        lengths.push_back(std::stoll(item));
-      } catch (const std::exception&) {
-        fail("--lengths", "expects comma-separated token counts, got \"" + item + "\"");
-      }
-      if (lengths.back() < 2) fail("--lengths", "each length must be at least 2");
-    }
-  }
+  const std::vector<int64_t> lengths = count_list(args, "--lengths", "128,512,2048", 2);
+  const std::vector<int64_t> gemm_rows = count_list(args, "--gemm-rows", "1,16,64,256,1024", 1);
   std::vector<std::string> names;
   {
     std::stringstream list(scenarios);
     for (std::string name; std::getline(list, name, ',');) {
-      if (name != "engram" && name != "cold-prefill" && name != "prefix-hit" && name != "decode" && name != "concurrency") {
-        fail("--scenario", "unknown scenario \"" + name + "\" (available: cold-prefill, prefix-hit, decode, concurrency, engram)");
+      if (name != "engram" && name != "gemm" && name != "cold-prefill" && name != "prefix-hit" && name != "decode" &&
+          name != "concurrency") {
+        fail("--scenario", "unknown scenario \"" + name +
+                               "\" (available: gemm, cold-prefill, prefix-hit, decode, concurrency, engram)");
       }
       names.push_back(name);
     }
@@ -339,8 +383,15 @@ int run_bench(int argc, char** argv) {
   std::fprintf(stderr, "measuring the machine...\n");
   const std::shared_ptr<const Backend> backend = backend_from_environment();
   lim.bandwidth_gbs = measure_bandwidth_gbs(*backend);
-  lim.peak_gflops = measure_fp8_gemm_gflops(*backend);
-  report["machine"] = {{"bandwidth_gbs", lim.bandwidth_gbs}, {"peak_gflops", lim.peak_gflops},
+  const std::vector<UnitPeak> peaks = measure_unit_peaks(backend->threads());
+  nlohmann::json peak_json = nlohmann::json::object(), per_core = nlohmann::json::object();
+  for (const UnitPeak& p : peaks) {
+    peak_json[p.unit] = p.gflops;
+    per_core[p.unit] = p.gflops_per_core;
+    lim.peak_gflops = std::max(lim.peak_gflops, p.gflops);
+  }
+  report["machine"] = {{"bandwidth_gbs", lim.bandwidth_gbs}, {"peaks", peak_json}, {"peaks_per_core", per_core},
+                       {"peak_gflops", lim.peak_gflops}, {"peak_unit", peaks.front().unit},
                        {"cores", backend->threads()}, {"isa", backend->name()}};
   std::unique_ptr<Model> model;
   std::unique_ptr<StatePools> pools;
@@ -352,7 +403,9 @@ int run_bench(int argc, char** argv) {
   };
   for (const std::string& name : names) {
     std::fprintf(stderr, "%s...\n", name.c_str());
-    if (name == "engram") {
+    if (name == "gemm") {
+      report["gemm"] = bench_gemm(*backend, gemm_rows, lim);
+    } else if (name == "engram") {
       report["engram"] = bench_engram(dir, steps > 0 ? steps : 2000, io_threads);
     } else if (name == "decode") {
       need_model();
@@ -372,8 +425,19 @@ int run_bench(int argc, char** argv) {
     std::printf("%s\n", report.dump(2).c_str());
     return 0;
   }
-  std::printf("machine: %.1f GB/s streaming read, %.1f GFLOP/s FP8 GEMM, %d cores, %s\n", lim.bandwidth_gbs,
-              lim.peak_gflops, report["machine"]["cores"].get<int>(), report["machine"]["isa"].get<std::string>().c_str());
+  std::printf("machine: %.1f GB/s streaming read, %d cores, kernels at level %s\n  register-only peaks (GFLOP/s, all cores / one core):",
+              lim.bandwidth_gbs, report["machine"]["cores"].get<int>(), report["machine"]["isa"].get<std::string>().c_str());
+  for (const UnitPeak& p : peaks) std::printf(" %s %.1f / %.1f", p.unit.c_str(), p.gflops, p.gflops_per_core);
+  std::printf("\n");
+  if (report.contains("gemm")) {
+    std::printf("gemm (released shapes)\n  %-11s %-22s %6s %6s %6s %10s %8s\n", "kernel", "weight", "m", "n", "k", "GFLOP/s", "of peak");
+    for (const auto& r : report["gemm"]) {
+      std::printf("  %-11s %-22s %6lld %6lld %6lld %10.1f %7.1f%%\n", r["kernel"].get<std::string>().c_str(),
+                  r["weight"].get<std::string>().c_str(), static_cast<long long>(r["m"].get<int64_t>()),
+                  static_cast<long long>(r["n"].get<int64_t>()), static_cast<long long>(r["k"].get<int64_t>()),
+                  r["gflops"].get<double>(), 100 * r["efficiency"].get<double>());
+    }
+  }
   if (report.contains("decode")) {
     std::printf("decode\n  %-8s %10s %14s %12s\n", "context", "tok/s", "active MB/tok", "of bandwidth");
     for (const auto& r : report["decode"]) {

@@ -7,6 +7,10 @@
 #include <cpuid.h>
 #define DSV41_X86 1
 #endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace dsv41 {
 
@@ -35,6 +39,7 @@ CpuFeatures detect() {
   const unsigned long long xcr = xcr0();
   const bool os_ymm = (xcr & 0x6) == 0x6;     // SSE + AVX state
   const bool os_zmm = (xcr & 0xE6) == 0xE6;   // + opmask, upper zmm0-15, zmm16-31
+  const bool os_tiles = (xcr & 0x60000) == 0x60000;  // XTILECFG + XTILEDATA
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
   const bool avx2 = (b & (1u << 5)) != 0;
   const bool avx512f = (b & (1u << 16)) != 0;
@@ -42,11 +47,14 @@ CpuFeatures detect() {
   const bool avx512bw = (b & (1u << 30)) != 0;
   const bool avx512vl = (b & (1u << 31)) != 0;
   const unsigned max_sub = a;
+  const bool amx_bf16 = (d & (1u << 22)) != 0;
+  const bool amx_tile = (d & (1u << 24)) != 0;
   bool bf16 = false;
   if (max_sub >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) bf16 = (a & (1u << 5)) != 0;
   f.avx2 = os_ymm && avx2 && fma && f16c;
   f.avx512 = f.avx2 && os_zmm && avx512f && avx512dq && avx512bw && avx512vl;
   f.avx512_bf16 = f.avx512 && bf16;
+  f.amx_bf16 = os_tiles && amx_tile && amx_bf16;
 #endif
   return f;
 }
@@ -62,6 +70,18 @@ Isa best(const CpuFeatures& f) {
 const CpuFeatures& cpu_features() {
   static const CpuFeatures features = detect();
   return features;
+}
+
+bool request_amx_permission() {
+  if (!cpu_features().amx_bf16) return false;
+#if defined(__linux__) && DSV41_X86
+  // arch/x86/include/uapi/asm/prctl.h: ARCH_REQ_XCOMP_PERM; XFEATURE_XTILEDATA is state component 18.
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
 }
 
 Isa detected_isa() { return best(cpu_features()); }

@@ -12,13 +12,18 @@ enum class Isa { scalar = 0, avx2 = 1, avx512 = 2 };
 struct CpuFeatures {
   bool avx2 = false;         // AVX2 + FMA + F16C, with the OS saving ymm state
   bool avx512 = false;       // AVX-512 F/BW/VL/DQ, with the OS saving zmm and opmask state
-  bool avx512_bf16 = false;  // reported only; no kernel depends on it
+  bool avx512_bf16 = false;  // AVX-512 + vdpbf16ps; measured by bench, no kernel depends on it yet
+  bool amx_bf16 = false;     // AMX tiles + tdpbf16ps, with the OS able to save tile state (XCR0)
 };
 
 // What the processor and OS support (detected once, by cpuid and xgetbv).
 const CpuFeatures& cpu_features();
 // The best level the machine supports.
 Isa detected_isa();
+// Asks Linux for permission to use AMX tile data in this process (arch_prctl ARCH_REQ_XCOMP_PERM):
+// without it the first tile instruction faults. False when the CPU, the OS or the kernel refuses.
+// The permission is the kernel's per-process state; asking again is harmless.
+bool request_amx_permission();
 // True when `isa` can run here.
 bool isa_supported(Isa isa);
 

@@ -3,6 +3,10 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
 #include <thread>
 
 #include "backend_env.h"
@@ -11,6 +15,7 @@
 #include "io/engram_store.h"
 #include "runtime/engine.h"
 #include "runtime/prefix_cache.h"
+#include "server/access_policy.h"
 #include "server/http_server.h"
 #include "util/error.h"
 
@@ -33,13 +38,50 @@ constexpr const char* kHelp = R"(usage: dsv41 serve -m DIR [options]
       --threads N            connection threads, i.e. the most connections served at once (default 64)
       --thinking on|off      chat template default when a request does not say (default on)
       --default-max-tokens N max_tokens of a request that sets none, capped by the context (default 8192)
+      --served-model-name N[,ALIAS...]
+                             the model id clients use (default: the model folder's name); further
+                             names are accepted as aliases
+      --api-key KEY          require "Authorization: Bearer KEY" on /v1/ routes, /tokenize, /detokenize
+      --api-key-file FILE    the same, with the key read from FILE (its first line), kept out of `ps`
+      --cors-origins LIST    comma-separated origins web pages may call from ("*": any); default none,
+                             and a request with an Origin header not listed is refused (403)
       --log-requests         one line per request on stderr
       --test-hooks           accept "dsv41_forced_output": TEXT in requests, emitted as if generated (tests)
 
 Routes: POST /v1/chat/completions, POST /v1/completions (both with "stream": true for SSE),
-GET /v1/models, GET /health, GET /metrics (Prometheus), and POST /v1/debug/render, which takes a
-chat request and returns the rendered prompt and its token ids without generating.
+GET /v1/models, GET /health, GET /metrics (Prometheus), POST /tokenize and /detokenize, and
+POST /v1/debug/render, which takes a chat request and returns the rendered prompt and its token ids
+without generating. Bound to a loopback address, the server answers only loopback Host names (a web
+page cannot reach it by DNS rebinding). Request bodies must be JSON with a Content-Length.
 )";
+
+// Comma-separated non-empty names, each printable and without spaces.
+std::vector<std::string> name_list(const std::string& text, const std::string& flag) {
+  std::vector<std::string> out;
+  std::stringstream list(text);
+  for (std::string item; std::getline(list, item, ',');) {
+    if (item.empty()) fail(flag, "has an empty name in \"" + text + "\"");
+    for (char c : item) {
+      if (static_cast<unsigned char>(c) <= 0x20 || static_cast<unsigned char>(c) >= 0x7F) {
+        fail(flag, "names must be printable ASCII without spaces, got \"" + item + "\"");
+      }
+    }
+    out.push_back(item);
+  }
+  if (out.empty()) fail(flag, "needs at least one name");
+  return out;
+}
+
+// The first line of `path`, without surrounding whitespace.
+std::string read_key_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) fail(path, "cannot read the API key file");
+  std::string line;
+  std::getline(f, line);
+  const size_t b = line.find_first_not_of(" \t\r");
+  if (b == std::string::npos) fail(path, "the API key file's first line is empty");
+  return line.substr(b, line.find_last_not_of(" \t\r") - b + 1);
+}
 
 }  // namespace
 
@@ -50,7 +92,8 @@ int run_serve(int argc, char** argv) {
   }
   Args args("serve", argc, argv,
             {"--model", "--host", "--port", "--parallel", "--kv-budget-mb", "--prompt-cache", "--cache-mode",
-             "--cache-ram-mb", "--prefill-chunk", "--engram", "--threads", "--thinking", "--default-max-tokens"},
+             "--cache-ram-mb", "--prefill-chunk", "--engram", "--threads", "--thinking", "--default-max-tokens",
+             "--served-model-name", "--api-key", "--api-key-file", "--cors-origins"},
             {"--log-requests", "--test-hooks"}, {{"-m", "--model"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
 
@@ -74,6 +117,12 @@ int run_serve(int argc, char** argv) {
   so.log_requests = args.has("--log-requests");
   so.test_hooks = args.has("--test-hooks");
   so.default_max_tokens = args.get_int("--default-max-tokens", 8192, 1, int64_t{1} << 40);
+  if (args.has("--served-model-name")) so.served_model_names = name_list(args.get("--served-model-name"), "--served-model-name");
+  if (args.has("--cors-origins")) so.cors_origins = name_list(args.get("--cors-origins"), "--cors-origins");
+  if (args.has("--api-key") && args.has("--api-key-file")) fail("--api-key-file", "give --api-key or --api-key-file, not both");
+  if (args.has("--api-key")) so.api_key = args.get("--api-key");
+  if (args.has("--api-key-file")) so.api_key = read_key_file(args.get("--api-key-file"));
+  if ((args.has("--api-key") || args.has("--api-key-file")) && so.api_key.empty()) fail("--api-key", "the key is empty");
 
   // SIGINT and SIGTERM are taken by one thread with sigwait, so they must be blocked before any other
   // thread (the engine's scheduler, the connection pool) exists and inherits the mask.
@@ -88,7 +137,12 @@ int run_serve(int argc, char** argv) {
   server::HttpServer server(engine, so);
   const int port = server.bind();
   std::printf("dsv41 serve: listening on http://%s:%d (model %s, parallel %d)\n", so.host.c_str(), port,
-              engine.model_name().c_str(), eo.parallel);
+              so.served_model_names.empty() ? engine.model_name().c_str() : so.served_model_names.front().c_str(),
+              eo.parallel);
+  if (so.api_key.empty() && !server::is_loopback_address(so.host)) {
+    std::fprintf(stderr, "dsv41 serve: warning: %s is reachable from other machines and no --api-key is set\n",
+                 so.host.c_str());
+  }
   std::fflush(stdout);
 
   std::thread waiter([&] {

@@ -109,8 +109,18 @@ Engine::~Engine() {
 
 const Tokenizer& Engine::tokenizer() const { return *impl_->tokenizer; }
 const ModelConfig& Engine::config() const { return impl_->model->config(); }
+// The model folder's own name, however the folder was written: "DIR/" and "DIR/." name DIR, "." the
+// working folder; "dsv41" when there is no name at all (the root folder).
 std::string Engine::model_name() const {
-  return std::filesystem::path(impl_->opt.model_dir).lexically_normal().filename().string();
+  std::filesystem::path p = std::filesystem::path(impl_->opt.model_dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  if (p.filename() == "." || p.filename() == "..") {
+    std::error_code ec;
+    const std::filesystem::path full = std::filesystem::weakly_canonical(p, ec);
+    if (!ec) p = full;
+  }
+  const std::string name = p.filename().string();
+  return name.empty() || name == "." || name == ".." ? "dsv41" : name;
 }
 
 uint64_t Engine::submit(RequestParams params, EventSink sink) {

@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include <thread>
 #include <unordered_set>
 
+#include "server/access_policy.h"
 #include "server/event_channel.h"
 #include "server/http_lib.h"
 #include "server/metrics_text.h"
@@ -33,6 +35,7 @@ struct Route {
 };
 constexpr Route kRoutes[] = {{"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"},
                              {"/v1/debug/render", "POST"},     {"/v1/models", "GET"},
+                             {"/tokenize", "POST"},            {"/detokenize", "POST"},
                              {"/health", "GET"},               {"/metrics", "GET"}};
 
 // httplib listens with a backlog of 5, compiled into the library: a burst of new connections (a
@@ -68,8 +71,18 @@ struct HttpServer::Impl {
   std::mutex counters_mu;
   HttpCounters counters;
 
+  AccessPolicy policy;
+
   Impl(Engine& e, ServerOptions o) : engine(e), options(std::move(o)) {
-    info.name = engine.model_name();
+    if (options.served_model_names.empty()) {
+      info.name = engine.model_name();
+    } else {
+      info.name = options.served_model_names.front();
+      info.aliases.assign(options.served_model_names.begin() + 1, options.served_model_names.end());
+    }
+    policy.api_key = options.api_key;
+    policy.cors_origins = options.cors_origins;
+    policy.loopback_only_hosts = is_loopback_address(options.host);
     info.context_length = engine.config().max_seq_len;
     info.bos_id = static_cast<int32_t>(engine.config().bos_token_id);
     info.tokenizer = &engine.tokenizer();
@@ -99,9 +112,12 @@ struct HttpServer::Impl {
   void stream(uint64_t id, std::shared_ptr<EventChannel> channel, std::shared_ptr<ResponseBuilder> builder,
               httplib::Response& res);
   void render(const httplib::Request& req, httplib::Response& res);
-  json model_object() const {
-    return {{"id", info.name}, {"object", "model"}, {"created", started}, {"owned_by", "dsv41"},
+  json model_object(const std::string& id) const {
+    return {{"id", id}, {"object", "model"}, {"created", started}, {"owned_by", "dsv41"},
             {"max_model_len", info.context_length}};
+  }
+  bool serves(const std::string& id) const {
+    return id == info.name || std::find(info.aliases.begin(), info.aliases.end(), id) != info.aliases.end();
   }
 };
 
@@ -224,16 +240,24 @@ void HttpServer::Impl::setup() {
             }));
   http.Post("/v1/debug/render",
             guarded([this](const httplib::Request& req, httplib::Response& res) { render(req, res); }));
+  http.Post("/tokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
+              res.set_content(dump_json(tokenize(req.body, info)), kJson);
+            }));
+  http.Post("/detokenize", guarded([this](const httplib::Request& req, httplib::Response& res) {
+              res.set_content(dump_json(detokenize(req.body, info)), kJson);
+            }));
   http.Get("/v1/models", guarded([this](const httplib::Request&, httplib::Response& res) {
-             res.set_content(dump_json({{"object", "list"}, {"data", json::array({model_object()})}}), kJson);
+             json data = json::array({model_object(info.name)});
+             for (const std::string& alias : info.aliases) data.push_back(model_object(alias));
+             res.set_content(dump_json({{"object", "list"}, {"data", data}}), kJson);
            }));
   http.Get(R"(/v1/models/(.+))", guarded([this](const httplib::Request& req, httplib::Response& res) {
              const std::string id = req.matches[1];
-             if (id != info.name) {
-               throw ApiError(404, "invalid_request_error", "The model `" + id + "` does not exist", "model",
-                              "model_not_found");
+             if (!serves(id)) {
+               throw ApiError(404, "invalid_request_error", "The model `" + printable(id) + "` does not exist",
+                              "model", "model_not_found");
              }
-             res.set_content(dump_json(model_object()), kJson);
+             res.set_content(dump_json(model_object(id)), kJson);
            }));
   http.Get("/health", guarded([this](const httplib::Request&, httplib::Response& res) {
              res.set_content(dump_json({{"status", "ok"}, {"model", info.name}}), kJson);
@@ -246,6 +270,26 @@ void HttpServer::Impl::setup() {
              }
              res.set_content(render_metrics(engine.metrics(), c), "text/plain; version=0.0.4");
            }));
+
+  // Before routing and before any body byte is read: who may call, and which bodies are read at all.
+  // A refusal closes the connection, since the body it did not read would otherwise be taken for the
+  // next request.
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    RequestHead head{req.method, req.path, {req.headers.begin(), req.headers.end()}};
+    const AccessDecision d = decide_access(head, policy);
+    for (const auto& [name, value] : d.headers) res.set_header(name, value);
+    if (d.refusal) {
+      send_error(res, *d.refusal);
+      if (d.refusal->status == 401) res.set_header("WWW-Authenticate", "Bearer");
+      res.set_header("Connection", "close");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (d.preflight) {
+      res.status = 204;
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
 
   // Statuses httplib decides itself (no route, body too large, malformed HTTP) get an OpenAI error
   // body too; responses that already have one keep it.
@@ -267,7 +311,7 @@ void HttpServer::Impl::setup() {
         error.code = "method_not_allowed";
         res.set_header("Allow", allow);
       } else if (res.status == 404) {
-        error.message = "Unknown route " + req.method + " " + req.path;
+        error.message = "Unknown route " + printable(req.method) + " " + printable(req.path);
         error.code = "not_found";
       } else {
         error.message = "malformed HTTP request";
@@ -295,7 +339,7 @@ void HttpServer::Impl::setup() {
       }
     });
     if (options.log_requests) {
-      std::fprintf(stderr, "%s %s %d\n", req.method.c_str(), req.path.c_str(), res.status);
+      std::fprintf(stderr, "%s %s %d\n", printable(req.method).c_str(), printable(req.path).c_str(), res.status);
     }
   });
 }

@@ -6,8 +6,11 @@
 //   GET  /metrics               Prometheus text (engine counters, KV pages, HTTP responses)
 //   POST /v1/debug/render       a chat body's rendered prompt and token ids, without generating
 //                               (to check what the template made of messages and tools)
-// Errors are OpenAI error bodies: 400 bad input, 404 unknown route or model, 405 wrong method,
-// 413 body over the limit, 500 engine failure, 503 shutting down.
+//   POST /tokenize, /detokenize vLLM's token routes
+// Errors are OpenAI error bodies: 400 bad input, 401 missing or wrong API key, 403 a Host or Origin
+// not allowed, 404 unknown route or model, 405 wrong method, 411 a body without Content-Length,
+// 413 body over the limit, 415 a body that is not plain JSON, 500 engine failure, 503 shutting down.
+// Who may call and which bodies are read is server/access_policy.h, decided before the body is read.
 //
 // Threads: connections are served by a pool (one thread per open connection, so the pool bounds the
 // concurrent streams); the engine's scheduler thread only ever appends to a per-request EventChannel.
@@ -21,6 +24,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "runtime/engine.h"
 #include "text/chat_encoding.h"
@@ -38,6 +42,9 @@ struct ServerOptions {
   std::chrono::seconds write_timeout{30};     // a client that stops reading a stream is dropped (and cancelled)
   std::chrono::milliseconds heartbeat{1000};  // idle stream: a ": keep-alive" comment this often
   bool log_requests = false;                  // one line per request on stderr
+  std::vector<std::string> served_model_names;  // the id clients use, then aliases; empty: the engine's model_name()
+  std::string api_key;                        // non-empty: Bearer authentication on /v1/ and the token routes
+  std::vector<std::string> cors_origins;      // origins web pages may call from ("*": any); empty: none
   bool test_hooks = false;                    // accept "dsv41_forced_output" (tests only)
 };
 

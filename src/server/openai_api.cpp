@@ -77,17 +77,40 @@ int64_t require_integer(const ojson& v, const std::string& key) {
   return out;
 }
 
-void check_model(const ojson& body, const ModelInfo& model, ApiRequest& req) {
-  req.model = model.name;
+// The model id a request names (the served name or one of its aliases, echoed as given), or the
+// served name when it names none.
+std::string check_model(const ojson& body, const ModelInfo& model) {
   const ojson* v = field(body, "model");
-  if (v == nullptr) return;
+  if (v == nullptr) return model.name;
   if (!v->is_string()) throw invalid_request("model", "model must be a string, got " + kind(*v));
   const std::string name = v->get<std::string>();
-  if (name != model.name) {
+  if (name != model.name && std::find(model.aliases.begin(), model.aliases.end(), name) == model.aliases.end()) {
     throw ApiError(404, "invalid_request_error",
                    "The model `" + name + "` does not exist; this server serves `" + model.name + "`", "model",
                    "model_not_found");
   }
+  return name;
+}
+
+// A request body as a JSON object. Every way the text can fail to be one is a 400 that does not echo
+// the body back: a syntax error (with its position), a number beyond double range (1e309), a
+// nesting deeper than kMaxJsonDepth (checked before parsing, so the parser's stack stays bounded).
+ojson parse_body(std::string_view text) {
+  if (json_depth(text) > kMaxJsonDepth) {
+    throw invalid_request("", "the JSON body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  }
+  ojson body;
+  try {
+    body = ojson::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw invalid_request("", std::string("We could not parse the JSON body of your request: ") + e.what());
+  } catch (const nlohmann::json::out_of_range&) {
+    throw invalid_request("", "the JSON body holds a number outside the range of a double");
+  } catch (const nlohmann::json::exception&) {
+    throw invalid_request("", "We could not parse the JSON body of your request");
+  }
+  if (!body.is_object()) throw invalid_request("", "the request body must be a JSON object, got " + kind(body));
+  return body;
 }
 
 void parse_common(const ojson& body, ApiRequest& req) {
@@ -307,20 +330,10 @@ int json_depth(std::string_view text) {
 }
 
 ApiRequest parse_request(Endpoint endpoint, std::string_view text, const ModelInfo& model) {
-  if (json_depth(text) > kMaxJsonDepth) {
-    throw invalid_request("", "the JSON body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-  }
-  ojson body;
-  try {
-    body = ojson::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw invalid_request("", std::string("We could not parse the JSON body of your request: ") + e.what());
-  }
-  if (!body.is_object()) throw invalid_request("", "the request body must be a JSON object, got " + kind(body));
-
+  const ojson body = parse_body(text);
   ApiRequest req;
   req.endpoint = endpoint;
-  check_model(body, model, req);
+  req.model = check_model(body, model);
   parse_common(body, req);
   if (endpoint == Endpoint::ChatCompletions) {
     parse_chat(body, model, req);
@@ -329,6 +342,45 @@ ApiRequest parse_request(Endpoint endpoint, std::string_view text, const ModelIn
   }
   parse_max_tokens(body, model, req);
   return req;
+}
+
+nlohmann::json tokenize(std::string_view text, const ModelInfo& model) {
+  const ojson body = parse_body(text);
+  check_model(body, model);
+  const ojson* prompt = field(body, "prompt");
+  const ojson* messages = field(body, "messages");
+  if ((prompt == nullptr) == (messages == nullptr)) {
+    throw invalid_request(prompt == nullptr ? "prompt" : "messages", "give exactly one of prompt and messages");
+  }
+  std::vector<int32_t> ids;
+  if (prompt != nullptr) {
+    if (!prompt->is_string()) throw invalid_request("prompt", "prompt must be a string, got " + kind(*prompt));
+    if (get_bool(body, "add_special_tokens", true)) ids.push_back(model.bos_id);
+    const auto more = model.tokenizer->encode(prompt->get<std::string>(), /*parse_special=*/true);
+    ids.insert(ids.end(), more.begin(), more.end());
+  } else {
+    if (!messages->is_array() || messages->empty()) throw invalid_request("messages", "messages must be a non-empty array");
+    ApiRequest chat;
+    parse_chat(body, model, chat);
+    ids = std::move(chat.params.prompt);
+  }
+  return {{"count", ids.size()}, {"max_model_len", model.context_length}, {"tokens", ids}};
+}
+
+nlohmann::json detokenize(std::string_view text, const ModelInfo& model) {
+  const ojson body = parse_body(text);
+  check_model(body, model);
+  const ojson* tokens = field(body, "tokens");
+  if (tokens == nullptr) throw invalid_request("tokens", "tokens is required");
+  if (!tokens->is_array()) throw invalid_request("tokens", "tokens must be an array of token ids, got " + kind(*tokens));
+  std::vector<int32_t> ids;
+  try {
+    ids = token_ids(*tokens, model);
+  } catch (ApiError& e) {
+    e.param = "tokens";
+    throw;
+  }
+  return {{"prompt", model.tokenizer->decode(ids)}};
 }
 
 }  // namespace dsv41::server

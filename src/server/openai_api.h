@@ -36,7 +36,8 @@ enum class Endpoint { ChatCompletions, Completions };
 
 // What validation needs to know about the served model.
 struct ModelInfo {
-  std::string name;            // the model id clients must use
+  std::string name;            // the model id clients must use (listed first, echoed when a request names none)
+  std::vector<std::string> aliases;  // other ids accepted for it (--served-model-name A,B: B is an alias)
   int64_t context_length = 0;  // prompt + max_tokens must fit
   // max_tokens when a request gives none: this, or the rest of the context if that is less (0: the
   // rest of the context). A cap, because the engine reserves KV memory for max_tokens up front and
@@ -69,6 +70,13 @@ struct ApiRequest {
 
 // Parses and validates a request body. Throws ApiError (400, or 404 for an unknown model).
 ApiRequest parse_request(Endpoint endpoint, std::string_view body, const ModelInfo& model);
+
+// vLLM's /tokenize: {"prompt": TEXT, "add_special_tokens": true} (BOS first, as a completions
+// prompt) or {"messages": [...]} (the rendered chat prompt, as a chat request), with an optional
+// "model"; answers {"count", "max_model_len", "tokens"}. Throws ApiError for bad input.
+nlohmann::json tokenize(std::string_view body, const ModelInfo& model);
+// vLLM's /detokenize: {"tokens": [ids]} answers {"prompt": TEXT}. Throws ApiError for bad input.
+nlohmann::json detokenize(std::string_view body, const ModelInfo& model);
 
 // Nesting depth of a JSON text (brackets outside strings); cheap, and run before the real parser so
 // that a body of a million '[' cannot exhaust the stack of code that walks the parsed value.

@@ -1,0 +1,130 @@
+// A live server for tests: the real HttpServer over the tiny checkpoint on a free loopback port, and
+// small clients for plain and streamed (SSE) requests.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/engine.h"
+#include "server/http_lib.h"
+#include "server/http_server.h"
+#include "test_util.h"
+
+namespace dsv41::server {
+
+using json = nlohmann::json;
+
+// A server on a free loopback port, serving on its own thread.
+class LiveServer {
+ public:
+  explicit LiveServer(EngineOptions eo, ServerOptions so = {}) : engine_(eo) {
+    so.host = "127.0.0.1";
+    so.port = 0;
+    so.heartbeat = std::chrono::milliseconds(200);
+    server_ = std::make_unique<HttpServer>(engine_, so);
+    port_ = server_->bind();
+    thread_ = std::thread([this] { server_->run(); });
+  }
+  ~LiveServer() {
+    server_->stop();
+    thread_.join();
+  }
+  int port() const { return port_; }
+  Engine& engine() { return engine_; }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  Engine engine_;
+  std::unique_ptr<HttpServer> server_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+inline EngineOptions tiny_engine_options() {
+  EngineOptions eo;
+  eo.model_dir = test::tiny_model_dir();
+  eo.parallel = 4;
+  eo.prefill_chunk = 128;
+  return eo;
+}
+
+struct Reply {
+  int status = -1;
+  json body;
+  std::string raw;
+  std::string error;  // why there is no response
+};
+
+inline Reply request(int port, const std::string& method, const std::string& path, const std::string& body = "") {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(std::chrono::seconds(60));
+  httplib::Result res = method == "GET"      ? cli.Get(path.c_str())
+                        : method == "DELETE" ? cli.Delete(path.c_str())
+                        : method == "PATCH"  ? cli.Patch(path.c_str())
+                        : method == "PUT"    ? cli.Put(path.c_str(), body, "application/json")
+                                             : cli.Post(path.c_str(), body, "application/json");
+  Reply r;
+  if (!res) {
+    r.error = httplib::to_string(res.error());
+    return r;
+  }
+  r.status = res->status;
+  r.raw = res->body;
+  r.body = json::parse(res->body, nullptr, false);
+  return r;
+}
+
+inline Reply post(int port, const std::string& path, const json& body) { return request(port, "POST", path, body.dump()); }
+
+struct Stream {
+  int status = -1;
+  std::vector<json> events;  // the data payloads before [DONE]
+  bool done = false;         // [DONE] was received
+  std::string raw;
+  std::string error;  // why the response is missing or cut short
+};
+
+// Posts a streaming request and reads its SSE events; with `stop_after` > 0, closes the connection
+// once that many events have arrived (a client going away mid-stream).
+inline Stream post_stream(int port, const std::string& path, const json& body, size_t stop_after = 0) {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(std::chrono::seconds(60));
+  Stream s;
+  std::string pending;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    s.raw.append(data, n);
+    pending.append(data, n);
+    for (size_t end; (end = pending.find("\n\n")) != std::string::npos;) {
+      const std::string event = pending.substr(0, end);
+      pending.erase(0, end + 2);
+      if (event.rfind("data: ", 0) != 0) continue;  // a comment (keep-alive)
+      const std::string data_text = event.substr(6);
+      if (data_text == "[DONE]") {
+        s.done = true;
+      } else {
+        s.events.push_back(json::parse(data_text, nullptr, false));
+      }
+    }
+    return stop_after == 0 || s.events.size() < stop_after;
+  };
+  httplib::Result res = cli.send(req);
+  if (res) {
+    s.status = res->status;
+  } else {
+    s.error = httplib::to_string(res.error());
+  }
+  return s;
+}
+
+
+}  // namespace dsv41::server

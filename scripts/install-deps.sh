@@ -8,7 +8,8 @@ packages=(
   build-essential cmake ninja-build pkg-config     # toolchain
   libgtest-dev libgmock-dev libbenchmark-dev       # tests and micro-benchmarks
   nlohmann-json3-dev libxxhash-dev libutf8proc-dev libpcre2-dev
-  libcpp-httplib-dev                               # the HTTP server (dsv41 serve)
+  libboost-dev                                     # Beast and Asio: the HTTP server (dsv41 serve)
+  libcpp-httplib-dev                               # an independent HTTP client for the server tests
   clang libclang-rt-dev                            # libFuzzer for the parser fuzz targets
   python3 python3-numpy                            # the NumPy RNG the Engram constants must match
 )

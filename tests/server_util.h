@@ -2,7 +2,13 @@
 // small clients for plain and streamed (SSE) requests.
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <csignal>
 #include <memory>
 #include <string>
 #include <thread>
@@ -11,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/engine.h"
-#include "server/http_lib.h"
+#include "http_lib.h"
 #include "server/http_server.h"
 #include "test_util.h"
 
@@ -23,6 +29,9 @@ using json = nlohmann::json;
 class LiveServer {
  public:
   explicit LiveServer(EngineOptions eo, ServerOptions so = {}) : engine_(eo) {
+    // The test client (Debian's cpp-httplib) writes without MSG_NOSIGNAL: a server that answers and
+    // closes before the whole request is sent (413, 415) would otherwise end the test by SIGPIPE.
+    std::signal(SIGPIPE, SIG_IGN);
     so.host = "127.0.0.1";
     so.port = 0;
     so.heartbeat = std::chrono::milliseconds(200);
@@ -126,5 +135,41 @@ inline Stream post_stream(int port, const std::string& path, const json& body, s
   return s;
 }
 
+
+// True once `out` holds a whole response: its head and as many body bytes as it declares.
+inline bool complete_response(const std::string& out) {
+  const size_t end = out.find("\r\n\r\n");
+  if (end == std::string::npos) return false;
+  const size_t at = out.find("Content-Length: ");
+  if (at == std::string::npos || at > end) return true;
+  return out.size() >= end + 4 + std::stoul(out.substr(at + 16));
+}
+
+inline std::string exchange(int port, const std::string& bytes, bool* closed, bool wait_for_close = true) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    return "";
+  }
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  (void)!send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  std::string out;
+  char buf[4096];
+  *closed = false;
+  for (;;) {
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n == 0) *closed = true;
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    if (!wait_for_close && complete_response(out)) break;
+  }
+  close(fd);
+  return out;
+}
 
 }  // namespace dsv41::server

@@ -35,7 +35,12 @@ constexpr const char* kHelp = R"(usage: dsv41 serve -m DIR [options]
       --cache-ram-mb N       RAM the prefix cache may keep (default 256)
       --prefill-chunk N      prompt tokens one sequence prefills per step (default 256)
       --engram T             mmap (default), ram or pread
-      --threads N            connection threads, i.e. the most connections served at once (default 64)
+      --threads N            workers that parse and tokenize request bodies (default 4); every socket is
+                             served by one I/O thread, so slow clients hold no thread
+      --max-connections N    open connections at most; more are answered 503 (default 1024)
+      --request-timeout S    a request still running after S seconds ends with 504 (default: none)
+      --header-timeout S     deadline for a whole request head, keep-alive idling included (default 30)
+      --body-timeout S       deadline for a whole request body (default 60)
       --thinking on|off      chat template default when a request does not say (default on)
       --default-max-tokens N max_tokens of a request that sets none, capped by the context (default 8192)
       --served-model-name N[,ALIAS...]
@@ -52,7 +57,7 @@ Routes: POST /v1/chat/completions, POST /v1/completions (both with "stream": tru
 GET /v1/models, GET /health, GET /metrics (Prometheus), POST /tokenize and /detokenize, and
 POST /v1/debug/render, which takes a chat request and returns the rendered prompt and its token ids
 without generating. Bound to a loopback address, the server answers only loopback Host names (a web
-page cannot reach it by DNS rebinding). Request bodies must be JSON with a Content-Length.
+page cannot reach it by DNS rebinding). Request bodies must be JSON (Content-Length or chunked).
 )";
 
 // Comma-separated non-empty names, each printable and without spaces.
@@ -93,7 +98,8 @@ int run_serve(int argc, char** argv) {
   Args args("serve", argc, argv,
             {"--model", "--host", "--port", "--parallel", "--kv-budget-mb", "--prompt-cache", "--cache-mode",
              "--cache-ram-mb", "--prefill-chunk", "--engram", "--threads", "--thinking", "--default-max-tokens",
-             "--served-model-name", "--api-key", "--api-key-file", "--cors-origins"},
+             "--served-model-name", "--api-key", "--api-key-file", "--cors-origins", "--max-connections",
+             "--request-timeout", "--header-timeout", "--body-timeout"},
             {"--log-requests", "--test-hooks"}, {{"-m", "--model"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
 
@@ -110,7 +116,11 @@ int run_serve(int argc, char** argv) {
   server::ServerOptions so;
   so.host = args.get("--host", "127.0.0.1");
   so.port = static_cast<int>(args.get_int("--port", 8080, 0, 65535));
-  so.threads = static_cast<int>(args.get_int("--threads", 64, 2, 4096));
+  so.threads = static_cast<int>(args.get_int("--threads", 4, 1, 1024));
+  so.max_connections = static_cast<size_t>(args.get_int("--max-connections", 1024, 1, 1 << 20));
+  so.request_timeout = std::chrono::seconds(args.get_int("--request-timeout", 0, 0, int64_t{1} << 31));
+  so.header_timeout = std::chrono::seconds(args.get_int("--header-timeout", 30, 1, 86400));
+  so.body_timeout = std::chrono::seconds(args.get_int("--body-timeout", 60, 1, 86400));
   const std::string thinking = args.get("--thinking", "on");
   if (thinking != "on" && thinking != "off") fail("--thinking", "must be on or off, got \"" + thinking + "\"");
   so.chat.thinking = thinking == "on";

@@ -124,18 +124,18 @@ AccessDecision decide_access(const RequestHead& head, const AccessPolicy& policy
     }
   }
   if (head.method == "POST") {
-    if (head.has_header("Transfer-Encoding")) {
-      d.refusal = refuse(411, "request bodies must be sent with a Content-Length, not Transfer-Encoding " +
-                                  printable(head.header("Transfer-Encoding")),
-                         "length_required");
+    const std::string coding = lower(trim(head.header("Transfer-Encoding")));
+    if (!coding.empty() && coding != "chunked") {
+      d.refusal = refuse(501, "transfer coding " + printable(coding) + " is not supported (only chunked)",
+                         "unsupported_transfer_encoding");
       return d;
     }
     const std::string length = head.header("Content-Length");
-    if (length.empty()) {
+    if (length.empty() && coding.empty()) {
       d.refusal = refuse(411, "a POST request needs a Content-Length and a JSON body", "length_required");
       return d;
     }
-    if (length.find_first_not_of("0123456789") != std::string::npos || length.size() > 18) {
+    if (!length.empty() && (length.find_first_not_of("0123456789") != std::string::npos || length.size() > 18)) {
       d.refusal = refuse(400, "Content-Length must be a decimal byte count", "bad_content_length");
       return d;
     }

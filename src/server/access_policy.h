@@ -10,9 +10,10 @@
 //  - API key: with one set, every /v1/ route, /tokenize and /detokenize need
 //    "Authorization: Bearer KEY" (401 otherwise); /health and /metrics stay open for probes.
 //  - Bodies: POST bodies must be JSON (Content-Type application/json, 415 otherwise: a text/plain or
-//    form body is what a page can send without a preflight), declared by Content-Length (411 for
-//    chunked or missing length: the HTTP library cannot cap a chunked body), and not compressed
-//    (415 for any Content-Encoding but identity: a small gzip body can inflate without bound).
+//    form body is what a page can send without a preflight), framed by Content-Length or chunked
+//    (411 for neither; 501 for any other transfer coding), and not compressed (415 for any
+//    Content-Encoding but identity: a small gzip body can inflate without bound). The size limit
+//    itself is the connection's (server/http_connection.h), for every framing.
 #pragma once
 
 #include <map>

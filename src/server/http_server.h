@@ -1,4 +1,4 @@
-// The OpenAI-compatible HTTP front of an Engine (cpp-httplib underneath):
+// The OpenAI-compatible HTTP front of an Engine (Boost.Beast underneath):
 //   POST /v1/chat/completions   chat, plain or streamed (SSE)
 //   POST /v1/completions        text completion, plain or streamed (SSE)
 //   GET  /v1/models, /v1/models/{id}
@@ -12,12 +12,11 @@
 // 413 body over the limit, 415 a body that is not plain JSON, 500 engine failure, 503 shutting down.
 // Who may call and which bodies are read is server/access_policy.h, decided before the body is read.
 //
-// Threads: connections are served by a pool (one thread per open connection, so the pool bounds the
-// concurrent streams); the engine's scheduler thread only ever appends to a per-request EventChannel.
-// A streaming connection writes events as they come and, while there are none, an SSE comment every
-// heartbeat; a failed write means the client is gone, and the request is cancelled so its KV pages
-// are freed at once. A plain (non-streaming) request cannot notice its client leaving (httplib 0.11
-// gives handlers no socket), so it runs to its max_tokens.
+// Threads: every socket is read and written on one I/O thread (server/http_connection.h), so slow or
+// idle clients hold no thread; request bodies are parsed and tokenized on `threads` workers; the
+// engine's scheduler thread turns its events into response bytes and hands them to the connection.
+// A client that goes away is noticed while its request runs, streamed or not, and the request is
+// cancelled so its KV pages are freed at once.
 #pragma once
 
 #include <chrono>
@@ -34,12 +33,16 @@ namespace dsv41::server {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                            // 0: any free port (bind() says which)
-  size_t max_body_bytes = size_t{8} << 20;    // larger bodies get 413
-  int threads = 64;                           // connection threads: the most concurrent connections served
+  size_t max_body_bytes = size_t{8} << 20;    // larger bodies get 413, whatever their framing
+  size_t max_header_bytes = 64 << 10;         // a larger request head gets 431
+  size_t max_connections = 1024;              // more connections are answered 503 and closed
+  int threads = 4;                            // workers that parse and tokenize request bodies
   ChatOptions chat;                           // template defaults (thinking on unless a request says off)
   int64_t default_max_tokens = 8192;          // max_tokens of a request that gives none (capped by the context)
-  std::chrono::seconds read_timeout{30};      // a client that stalls mid-request is dropped
-  std::chrono::seconds write_timeout{30};     // a client that stops reading a stream is dropped (and cancelled)
+  std::chrono::milliseconds header_timeout{30000};  // deadline for a whole request head (and keep-alive idling)
+  std::chrono::milliseconds body_timeout{60000};    // deadline for a whole body once its head is in
+  std::chrono::milliseconds write_timeout{30000};   // a client that stops reading is dropped (and cancelled)
+  std::chrono::milliseconds request_timeout{0};     // a request still running after this ends with 504; 0: none
   std::chrono::milliseconds heartbeat{1000};  // idle stream: a ": keep-alive" comment this often
   bool log_requests = false;                  // one line per request on stderr
   std::vector<std::string> served_model_names;  // the id clients use, then aliases; empty: the engine's model_name()

@@ -21,43 +21,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// A connected socket the test writes to at its own pace.
-class RawClient {
- public:
-  explicit RawClient(int port) : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-  }
-  ~RawClient() { close(fd_); }
-  bool connected() const { return connected_; }
-  bool send_bytes(const std::string& b) { return ::send(fd_, b.data(), b.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(b.size()); }
-  // Reads until the server closes or `seconds` pass; `closed` says which.
-  std::string read_all(double seconds, bool* closed) {
-    std::string out;
-    *closed = false;
-    const auto t0 = Clock::now();
-    char buf[4096];
-    while (seconds_since(t0) < seconds) {
-      pollfd p{fd_, POLLIN, 0};
-      if (poll(&p, 1, 50) <= 0) continue;
-      const ssize_t n = recv(fd_, buf, sizeof buf, 0);
-      if (n <= 0) {
-        *closed = true;
-        break;
-      }
-      out.append(buf, static_cast<size_t>(n));
-    }
-    return out;
-  }
-
- private:
-  int fd_;
-  bool connected_ = false;
-};
-
 std::string post_head(const std::string& path, const std::string& extra) {
   return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + extra + "\r\n";
 }

@@ -793,23 +793,6 @@ TEST(ServerLive, ConcurrentRequestsGetWhatTheyGetAlone) {
 }
 
 // Waits until the engine runs and queues nothing; returns its metrics then.
-EngineMetrics idle_metrics(Engine& engine) {
-  const auto deadline = Clock::now() + std::chrono::seconds(20);
-  EngineMetrics m = engine.metrics();
-  while ((m.requests_running > 0 || m.requests_queued > 0) && Clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    m = engine.metrics();
-  }
-  return m;
-}
-
-
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
-}
-
 struct LoadResult {
   int ok = 0, cancelled = 0, client_errors = 0, server_errors = 0, transport_errors = 0;
   int64_t tokens = 0;

@@ -3,10 +3,12 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <memory>
@@ -170,6 +172,60 @@ inline std::string exchange(int port, const std::string& bytes, bool* closed, bo
   }
   close(fd);
   return out;
+}
+
+// A connected socket the test writes to at its own pace.
+class RawClient {
+ public:
+  explicit RawClient(int port) : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  }
+  ~RawClient() { close(fd_); }
+  bool connected() const { return connected_; }
+  bool send_bytes(const std::string& b) { return ::send(fd_, b.data(), b.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(b.size()); }
+  // Reads until the server closes or `seconds` pass; `closed` says which.
+  std::string read_all(double seconds, bool* closed) {
+    std::string out;
+    *closed = false;
+    const auto t0 = std::chrono::steady_clock::now();
+    char buf[4096];
+    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 50) <= 0) continue;
+      const ssize_t n = recv(fd_, buf, sizeof buf, 0);
+      if (n <= 0) {
+        *closed = true;
+        break;
+      }
+      out.append(buf, static_cast<size_t>(n));
+    }
+    return out;
+  }
+
+ private:
+  int fd_;
+  bool connected_ = false;
+};
+
+// The engine's metrics once it has nothing running or queued (or after 20 s).
+inline EngineMetrics idle_metrics(Engine& engine) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  EngineMetrics m = engine.metrics();
+  while ((m.requests_running > 0 || m.requests_queued > 0) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    m = engine.metrics();
+  }
+  return m;
+}
+
+inline double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
 }
 
 }  // namespace dsv41::server

@@ -135,17 +135,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::array<char, 16384> discard_{};
 };
 
+// Held by the handler and by the engine's sink, possibly past the connection and the server: it
+// keeps only weak references, and reaches the connection's strand only while the gate is open (the
+// I/O context alive), never holding an executor of its own that would outlive it.
 struct Connection::Exchange : HttpExchange {
   std::weak_ptr<Connection> conn;
-  net::any_io_executor executor;
   std::shared_ptr<PostGate> gate;
 
   template <class F>
   void on_strand(F f) {
     std::lock_guard<std::mutex> lock(gate->mu);
     if (!gate->open) return;
-    net::post(executor, [w = conn, f = std::move(f)]() mutable {
-      if (auto c = w.lock()) f(*c);
+    const std::shared_ptr<Connection> c = conn.lock();
+    if (!c) return;
+    net::post(c->stream_.get_executor(), [w = conn, f = std::move(f)]() mutable {
+      if (auto alive = w.lock()) f(*alive);
     });
   }
   void reply(HttpReply r) override {
@@ -241,7 +245,6 @@ void Connection::dispatch_request() {
   r.body = std::move(parser_->get().body());
   auto ex = std::make_shared<Exchange>();
   ex->conn = weak_from_this();
-  ex->executor = stream_.get_executor();
   ex->gate = owner_.gate;
   exchange_ = ex;
   arm_tick();

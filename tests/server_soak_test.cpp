@@ -1,0 +1,208 @@
+// A bounded soak: one server, a mix of well-behaved and hostile clients for a fixed time (60 s;
+// 20 s under the sanitizers): streamed and plain requests whose greedy answers must equal what each
+// prompt gets alone, clients that abandon streams or plain requests, slow readers, tricklers,
+// malformed and refused requests, and probes of /health and /metrics. It ends with no error on a
+// well-formed request, every refused one refused with a 4xx, no leaked pages, and the resident set
+// within 10% of its size after warm-up (the first quarter).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "server_util.h"
+#include "test_util.h"
+
+namespace dsv41::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double rss_mb() {
+  std::ifstream statm("/proc/self/statm");
+  long pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1 << 20);
+}
+
+struct Tally {
+  std::mutex mu;
+  int ok = 0, abandoned = 0, refused = 0, probes = 0;
+  std::vector<std::string> failures;
+  void fail(const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (failures.size() < 20) failures.push_back(what);
+  }
+  void add(int& counter) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++counter;
+  }
+};
+
+json greedy(const std::string& prompt, int max_tokens, bool stream) {
+  json b = {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"ignore_eos", true}};
+  if (stream) b["stream"] = true;
+  return b;
+}
+
+std::string streamed_completion(const Stream& s) {
+  std::string out;
+  for (const json& e : s.events) {
+    if (e.contains("choices") && !e["choices"].empty()) out += e["choices"][0].value("text", "");
+  }
+  return out;
+}
+
+TEST(ServerSoak, MixedClientsLeaveNoErrorsNoLeaksNoGrowth) {
+  EngineOptions eo = tiny_engine_options();
+  eo.parallel = 6;
+  eo.cache_ram_bytes = uint64_t{4} << 20;
+  ServerOptions so;
+  so.header_timeout = std::chrono::milliseconds(1000);
+  so.body_timeout = std::chrono::milliseconds(1000);
+  so.max_body_bytes = 256 << 10;
+  LiveServer s(eo, so);
+  const double seconds = test::kSanitized ? 20 : 60;
+
+  // what each prompt gets alone, greedy: every answer in the soak must be the same
+  const std::vector<std::string> prompts = {"Hello there", "A longer prompt that shares nothing with the others at all",
+                                            "Question 7:", "x y z"};
+  std::vector<std::string> alone;
+  for (const std::string& p : prompts) {
+    const Reply r = post(s.port(), "/v1/completions", greedy(p, 8, false));
+    ASSERT_EQ(r.status, 200) << r.raw;
+    alone.push_back(r.body["choices"][0]["text"]);
+  }
+
+  Tally t;
+  std::atomic<bool> stop{false};
+  const auto t0 = Clock::now();
+  std::vector<std::thread> clients;
+  auto client = [&](auto body) {
+    clients.emplace_back([&, body, seed = static_cast<uint32_t>(clients.size())] {
+      std::mt19937 rng(seed);
+      while (!stop) body(rng);
+    });
+  };
+  for (int k = 0; k < 2; ++k) {
+    client([&](std::mt19937& rng) {  // streamed greedy, checked
+      const size_t i = rng() % prompts.size();
+      const Stream st = post_stream(s.port(), "/v1/completions", greedy(prompts[i], 8, true));
+      if (st.status != 200 || !st.done) return t.fail("stream: status " + std::to_string(st.status) + " " + st.error);
+      if (streamed_completion(st) != alone[i]) return t.fail("stream: answer differs for prompt " + std::to_string(i));
+      t.add(t.ok);
+    });
+    client([&](std::mt19937& rng) {  // plain greedy, checked
+      const size_t i = rng() % prompts.size();
+      const Reply r = post(s.port(), "/v1/completions", greedy(prompts[i], 8, false));
+      if (r.status != 200) return t.fail("plain: status " + std::to_string(r.status) + " " + r.raw.substr(0, 200));
+      if (r.body["choices"][0]["text"] != alone[i]) return t.fail("plain: answer differs for prompt " + std::to_string(i));
+      t.add(t.ok);
+    });
+  }
+  client([&](std::mt19937& rng) {  // abandons a stream after a few events
+    post_stream(s.port(), "/v1/completions", greedy(prompts[rng() % prompts.size()], 500, true), 1 + rng() % 4);
+    t.add(t.abandoned);
+  });
+  client([&](std::mt19937& rng) {  // abandons a plain request mid-generation
+    RawClient c(s.port());
+    const std::string body = greedy(prompts[rng() % prompts.size()], 500, false).dump();
+    c.send_bytes("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
+                 std::to_string(body.size()) + "\r\n\r\n" + body);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50 + rng() % 200));
+    t.add(t.abandoned);
+  });
+  client([&](std::mt19937& rng) {  // slow reader of a chat stream
+    httplib::Client cli("127.0.0.1", s.port());
+    cli.set_read_timeout(std::chrono::seconds(60));
+    const json body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 6}, {"stream", true},
+                       {"temperature", 0.7}, {"seed", static_cast<int>(rng() % 1000)}};
+    std::string raw;
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/chat/completions";
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+      raw.append(d, n);
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      return true;
+    };
+    auto res = cli.send(req);
+    if (!res || res->status != 200 || raw.find("data: [DONE]") == std::string::npos) return t.fail("slow reader: " + raw.substr(0, 200));
+    t.add(t.ok);
+  });
+  client([&](std::mt19937& rng) {  // malformed or refused: always a 4xx, never a 5xx or a hang
+    static const char* bodies[] = {"{", "[]", R"({"prompt": 5})", R"({"prompt":"x","max_tokens":1e309})",
+                                   R"({"prompt":"x","max_tokens":-1})", R"({"messages":[]})", "\xff\xfe"};
+    const int kind = static_cast<int>(rng() % 4);
+    RawClient c(s.port());
+    std::string req;
+    if (kind == 0) {
+      const std::string b = bodies[rng() % (sizeof bodies / sizeof *bodies)];
+      req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b;
+    } else if (kind == 1) {
+      req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\n{}";
+    } else if (kind == 2) {
+      req = "GET /v1/models HTTP/1.1\r\nHost: evil.example\r\n\r\n";
+    } else {
+      req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            "Content-Length: 1000000\r\n\r\n";
+    }
+    c.send_bytes(req);
+    bool closed = false;
+    const std::string r = c.read_all(5, &closed);
+    if (r.size() < 12 || r[9] != '4') return t.fail("refusal: " + r.substr(0, 120));
+    t.add(t.refused);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  });
+  client([&](std::mt19937&) {  // trickles a head until dropped
+    RawClient c(s.port());
+    for (int i = 0; i < 100 && c.send_bytes("a"); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  });
+  client([&](std::mt19937&) {  // probes
+    const auto p0 = Clock::now();
+    const Reply h = request(s.port(), "GET", "/health");
+    const Reply m = request(s.port(), "GET", "/metrics");
+    const double secs = std::chrono::duration<double>(Clock::now() - p0).count();
+    if (h.status != 200 || m.status != 200 || secs > 2.0) return t.fail("probe: " + std::to_string(secs) + " s");
+    t.add(t.probes);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  });
+
+  // the first quarter is the warm-up: every client thread has started and every kind of request has
+  // run, so the allocator's arenas and the caches have their working size
+  double rss_warm = 0;
+  while (std::chrono::duration<double>(Clock::now() - t0).count() < seconds) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (rss_warm == 0 && std::chrono::duration<double>(Clock::now() - t0).count() >= seconds / 4) rss_warm = rss_mb();
+  }
+  stop = true;
+  for (std::thread& c : clients) c.join();
+
+  for (const std::string& f : t.failures) ADD_FAILURE() << f;
+  std::printf("[ soak ] %.0f s: %d answers checked, %d abandoned, %d refused, %d probes\n", seconds, t.ok, t.abandoned,
+              t.refused, t.probes);
+  EXPECT_GT(t.ok, 20);
+  EXPECT_GT(t.abandoned, 5);
+  EXPECT_GT(t.refused, 20);
+
+  const EngineMetrics m = idle_metrics(s.engine());
+  EXPECT_EQ(m.requests_running + m.requests_queued, 0u);
+  EXPECT_EQ(m.requests_failed, 0u);
+  EXPECT_EQ(m.kv_pages_in_use, m.cache_pages_in_use) << "pages leaked";
+  const Reply metrics = request(s.port(), "GET", "/metrics");
+  EXPECT_NE(metrics.raw.find("dsv41_http_responses_total{code=\"5xx\"} 0\n"), std::string::npos) << metrics.raw;
+  const double rss_end = rss_mb();
+  std::printf("[ soak ] resident %.1f MB after warm-up, %.1f MB at the end\n", rss_warm, rss_end);
+  EXPECT_LT(rss_end, rss_warm * 1.10) << "resident memory grew during the soak";
+}
+
+}  // namespace
+}  // namespace dsv41::server

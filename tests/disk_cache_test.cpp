@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <xxhash.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -399,6 +400,9 @@ TEST(DiskCacheScan, FindsGoodEntriesAndSkipsBadOnesWithWarnings) {
   write_bytes(dir / "notes.txt", Bytes(10, 'n'));             // not an entry: ignored silently
   write_bytes(dir / ".a.dsv41kv.tmp.1.0", Bytes(10, 't'));    // an unfinished write: ignored silently
 
+  // the modification times come along, for an order of use across processes
+  fs::last_write_time(dir / small_name, fs::last_write_time(dir / big_name) - std::chrono::minutes(5));
+
   std::vector<std::string> warnings;
   const auto items = scan_cache_dir(dir.path(), kFp, &warnings);
   ASSERT_EQ(items.size(), 2u);
@@ -412,6 +416,7 @@ TEST(DiskCacheScan, FindsGoodEntriesAndSkipsBadOnesWithWarnings) {
   EXPECT_EQ(b.tokens, big.tokens);
   EXPECT_EQ(b.mode, "replay");
   EXPECT_EQ(b.file_bytes, f.size());
+  EXPECT_EQ(b.modified_ns - s.modified_ns, int64_t{300} * 1000000000);
 
   ASSERT_EQ(warnings.size(), 4u);
   std::string all;
@@ -433,6 +438,39 @@ TEST(DiskCacheScan, FindsGoodEntriesAndSkipsBadOnesWithWarnings) {
   EXPECT_TRUE(scan_cache_dir(dir / "absent", kFp, &warnings).empty());
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_NE(warnings[0].find("absent"), std::string::npos);
+}
+
+// A crash between a write's temporary file and its rename leaves ".NAME.dsv41kv.tmp.XXXXXX" behind:
+// such files are removed once they are old enough to belong to no live writer, and nothing else is.
+TEST(DiskCacheTemporaries, OnlyStaleOnesAreRemoved) {
+  ScratchDir dir;
+  const std::string stale = ".0123456789abcdef.dsv41kv.tmp.Ab12Cd";
+  const std::string fresh = ".fedcba9876543210.dsv41kv.tmp.Xy34Zw";  // a write under way, maybe in another process
+  const std::vector<std::string> others = {"0123456789abcdef.dsv41kv", ".hidden", "a.dsv41kv.tmp.123456",
+                                           ".dsv41kv.tmp.Ab12Cd", ".a.dsv41kv.tmp.", "notes.txt"};
+  const auto hour_ago = fs::file_time_type::clock::now() - std::chrono::hours(1);
+  for (const std::string& name : others) write_bytes(dir / name, Bytes(8, 'o'));
+  write_bytes(dir / stale, Bytes(8, 's'));
+  write_bytes(dir / fresh, Bytes(8, 'f'));
+  fs::create_directory(dir / ".folder.dsv41kv.tmp.Qw12Er");
+  for (const std::string& name : others) fs::last_write_time(dir / name, hour_ago);
+  fs::last_write_time(dir / stale, hour_ago);
+  fs::last_write_time(dir / ".folder.dsv41kv.tmp.Qw12Er", hour_ago);
+
+  EXPECT_TRUE(is_cache_temporary_name(stale));
+  EXPECT_TRUE(is_cache_temporary_name(fresh));
+  for (const std::string& name : others) EXPECT_FALSE(is_cache_temporary_name(name)) << name;
+  std::vector<std::string> warnings;
+  EXPECT_EQ(remove_stale_cache_temporaries(dir.path(), std::chrono::seconds(60), &warnings),
+            std::vector<std::string>{dir / stale});
+  EXPECT_TRUE(warnings.empty());
+  std::set<std::string> names;
+  for (const auto& item : fs::directory_iterator(dir.path())) names.insert(item.path().filename().string());
+  std::set<std::string> expected(others.begin(), others.end());
+  expected.insert(fresh);
+  expected.insert(".folder.dsv41kv.tmp.Qw12Er");
+  EXPECT_EQ(names, expected);
+  EXPECT_TRUE(remove_stale_cache_temporaries(dir / "absent", std::chrono::seconds(60), &warnings).empty());
 }
 
 TEST(DiskCacheName, StableAndDistinct) {

@@ -6,9 +6,12 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 #include <mutex>
 #include <random>
+#include <stdexcept>
 
 #include "kernels/backend.h"
 #include "runtime/engine.h"
@@ -283,6 +286,194 @@ TEST(Engine, RepeatedPromptsHitThePrefixCache) {
   EXPECT_EQ(a.last.cached_tokens, 0);
   EXPECT_EQ(b.last.cached_tokens, 256);
   EXPECT_EQ(a.tokens, b.tokens);  // exact mode: bit-identical
+}
+
+RequestParams greedy(int prompt_len, uint32_t seed, int max_tokens) {
+  RequestParams p = request(prompt_len, seed, max_tokens);
+  p.sampling.temperature = 0;
+  return p;
+}
+
+// What the engine logs for the operator, kept for a test to read (the log is called on the scheduler
+// thread while the test thread reads).
+struct Logged {
+  std::mutex mu;
+  std::vector<std::string> lines;
+  std::function<void(const std::string&)> sink() {
+    return [this](const std::string& line) {
+      std::lock_guard<std::mutex> lock(mu);
+      lines.push_back(line);
+    };
+  }
+  size_t count(const std::string& part) {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto has = [&](const std::string& l) { return l.find(part) != std::string::npos; };
+    return static_cast<size_t>(std::count_if(lines.begin(), lines.end(), has));
+  }
+};
+
+size_t cache_files(const std::string& folder) {
+  std::error_code ec;
+  size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(folder, ec)) n += e.path().extension() == ".dsv41kv";
+  return n;
+}
+
+// The prompt-cache folder is replaced by a regular file while requests run, so every store fails.
+// The cache is an optimisation: each request still completes with the tokens a cacheless engine
+// gives, the failures are counted and logged once, clients hear nothing of server paths, and the
+// cache stores again as soon as the folder can be made again.
+TEST(Engine, PromptCacheWriteFailuresFailNoRequest) {
+  EngineOptions opt;
+  opt.model_dir = test::tiny_model_dir();
+  opt.prefill_chunk = 32;  // the long prompts prefill over several steps, beside the short one's decodes
+  const std::vector<RequestParams> params = {greedy(10, 13, 30), greedy(150, 11, 8), greedy(150, 12, 8),
+                                             greedy(140, 14, 4), greedy(140, 15, 4)};  // each long one stores 128
+  std::vector<std::vector<int32_t>> alone;
+  {
+    Engine e(opt);  // no prompt-cache folder
+    for (const RequestParams& p : params) {
+      Collected c;
+      e.submit(p, collect(c));
+      wait(c);
+      alone.push_back(c.tokens);
+    }
+  }
+  test::TempDir dir;
+  const std::string folder = dir / "prompt-cache";
+  Logged logged;
+  opt.prompt_cache_dir = folder;
+  opt.log = logged.sink();
+  Engine e(opt);
+  std::vector<std::unique_ptr<Collected>> cs;
+  for (size_t i = 0; i < params.size(); ++i) cs.push_back(std::make_unique<Collected>());
+  std::atomic<bool> broken{false};
+  // on the short request's first token, on the scheduler thread: the folder becomes a file
+  e.submit(params[0], [&](const TokenEvent& ev) {
+    if (ev.token >= 0 && !broken) {
+      std::filesystem::remove_all(folder);
+      std::ofstream(folder) << "not a folder";
+      broken = true;
+    }
+    collect(*cs[0])(ev);
+  });
+  while (!broken) std::this_thread::yield();
+  e.submit(params[1], collect(*cs[1]));
+  e.submit(params[2], collect(*cs[2]));
+  for (size_t i = 0; i < 3; ++i) {
+    wait(*cs[i]);
+    EXPECT_EQ(cs[i]->last.finish_reason, "length") << i;
+    EXPECT_EQ(cs[i]->last.error, "") << i;
+    EXPECT_EQ(cs[i]->last.error.find(folder), std::string::npos) << i;
+    EXPECT_EQ(cs[i]->tokens, alone[i]) << "request " << i;
+  }
+  EXPECT_EQ(e.metrics().prompt_cache_write_failures, 2u);
+  EXPECT_EQ(e.metrics().requests_failed, 0u);
+  EXPECT_EQ(logged.count("without storing their prefixes on disk"), 1u);
+  EXPECT_EQ(logged.count(folder), 1u);  // the operator's log names the folder, once
+
+  // The file is removed: the next store makes the folder again and writes into it.
+  std::filesystem::remove(folder);
+  e.submit(params[3], collect(*cs[3]));
+  wait(*cs[3]);
+  EXPECT_EQ(cs[3]->last.finish_reason, "length");
+  EXPECT_EQ(cs[3]->tokens, alone[3]);
+  EXPECT_EQ(cache_files(folder), 1u);
+  EXPECT_EQ(logged.count("prompt-cache writes work again"), 1u);
+  EXPECT_EQ(e.metrics().prompt_cache_write_failures, 2u);
+  EXPECT_EQ(e.metrics().prompt_cache_disk_files, 1u);
+  EXPECT_GT(e.metrics().prompt_cache_disk_bytes, 0u);
+  // Removed outright (an operator clearing the cache): made again as well, with no failure at all.
+  std::filesystem::remove_all(folder);
+  e.submit(params[4], collect(*cs[4]));
+  wait(*cs[4]);
+  EXPECT_EQ(cs[4]->tokens, alone[4]);
+  EXPECT_EQ(cache_files(folder), 1u);
+  EXPECT_EQ(e.metrics().prompt_cache_write_failures, 2u);
+  EXPECT_EQ(e.metrics().prompt_cache_disk_files, 1u);
+}
+
+// A cache file gone bad between two server runs is skipped: the request gets the cold tokens, the
+// file is logged once, and the recompute stores a good one again.
+TEST(Engine, ABadCacheFileOnlySkipsTheCache) {
+  test::TempDir dir;
+  EngineOptions opt;
+  opt.model_dir = test::tiny_model_dir();
+  opt.prompt_cache_dir = dir / "cache";
+  const RequestParams p = greedy(300, 21, 6);
+  std::vector<int32_t> cold;
+  {
+    Engine e(opt);
+    Collected c;
+    e.submit(p, collect(c));
+    wait(c);
+    cold = c.tokens;
+  }
+  ASSERT_EQ(cache_files(opt.prompt_cache_dir), 1u);
+  for (const auto& f : std::filesystem::directory_iterator(opt.prompt_cache_dir)) {
+    std::filesystem::resize_file(f.path(), std::filesystem::file_size(f.path()) - 3);  // truncated
+  }
+  Logged logged;
+  opt.log = logged.sink();
+  Engine e(opt);
+  EXPECT_EQ(logged.count("truncated"), 1u);  // found by the scan at start
+  for (int i = 0; i < 2; ++i) {
+    Collected c;
+    e.submit(p, collect(c));
+    wait(c);
+    EXPECT_EQ(c.last.finish_reason, "length");
+    EXPECT_EQ(c.tokens, cold);
+    EXPECT_EQ(c.last.cached_tokens, i == 0 ? 0 : 256);  // the second from the RAM tier
+  }
+  EXPECT_EQ(logged.count("truncated"), 1u);
+  EXPECT_EQ(cache_files(opt.prompt_cache_dir), 1u);
+  EXPECT_EQ(e.metrics().requests_failed, 0u);
+}
+
+// A request that fails while running (here its own sink throws at its first token) ends alone: the
+// requests beside it in the batch go on to the tokens they get alone. Its client is told in general
+// terms; the log has the cause.
+TEST(Engine, AFailingRequestEndsAlone) {
+  EngineOptions opt;
+  opt.model_dir = test::tiny_model_dir();
+  std::vector<std::vector<int32_t>> alone;
+  {
+    Engine e(opt);
+    for (uint32_t seed : {31u, 32u}) {
+      Collected c;
+      e.submit(greedy(40, seed, 24), collect(c));
+      wait(c);
+      alone.push_back(c.tokens);
+    }
+  }
+  Logged logged;
+  opt.log = logged.sink();
+  Engine e(opt);
+  Collected a, b, bad;
+  std::atomic<int> a_tokens{0};
+  e.submit(greedy(40, 31, 24), [&](const TokenEvent& ev) {
+    a_tokens += ev.token >= 0;
+    collect(a)(ev);
+  });
+  e.submit(greedy(40, 32, 24), collect(b));
+  while (a_tokens < 2) std::this_thread::yield();  // both are decoding when the third arrives
+  const uint64_t bad_id = e.submit(greedy(20, 33, 24), [&](const TokenEvent& ev) {
+    if (ev.token >= 0) throw std::runtime_error("the client's connection broke");
+    collect(bad)(ev);
+  });
+  wait(bad);
+  wait(a);
+  wait(b);
+  EXPECT_EQ(bad.last.finish_reason, "error");
+  EXPECT_FALSE(bad.last.error.empty());
+  EXPECT_EQ(bad.last.error.find("connection broke"), std::string::npos);  // not the server's details
+  EXPECT_EQ(logged.count("request " + std::to_string(bad_id) + " failed: the client's connection broke"), 1u);
+  EXPECT_EQ(a.last.finish_reason, "length");
+  EXPECT_EQ(b.last.finish_reason, "length");
+  EXPECT_EQ(a.tokens, alone[0]);
+  EXPECT_EQ(b.tokens, alone[1]);
+  EXPECT_EQ(e.metrics().requests_failed, 1u);
+  EXPECT_EQ(e.metrics().requests_finished, 2u);
 }
 
 TEST(Engine, BadRequestsAreRefusedAtSubmit) {

@@ -2,21 +2,26 @@
 // branches never see each other's tokens, corrupt files are ignored, and no page leaks.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 
 #include "runtime/prefix_cache.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
+#include "state/disk_cache.h"
 #include "test_util.h"
 
 namespace dsv41 {
 namespace {
 
 using nlohmann::json;
+namespace fs = std::filesystem;
 
 const Model& tiny() { return test::tiny_model(); }
 
@@ -153,6 +158,175 @@ TEST(PrefixCacheRam, PagesReturnToBaselineAfterManyRequestsAndEvictions) {
     EXPECT_GT(pools.pages_in_use(), 0u);  // what the cache still holds
   }
   EXPECT_EQ(pools.pages_in_use(), 0u);
+}
+
+// The disk tier inside one process: the folder's index, its byte budget, and files gone bad.
+class PrefixCacheDiskTier : public ::testing::Test {
+ protected:
+  std::unique_ptr<PrefixCache> make(uint64_t budget, CacheMode mode = CacheMode::Exact) {
+    DiskTierOptions disk;
+    disk.budget_bytes = budget;
+    disk.log = [this](const std::string& line) { logged.push_back(line); };
+    return std::make_unique<PrefixCache>(m, pools, mode, 64 << 20, folder, IndexKeysMode::Owner, disk);
+  }
+  // The file an exact-mode store of `prompt` writes: its last whole block boundary.
+  std::string name_of(const std::vector<int32_t>& prompt, const char* mode = "exact") const {
+    const auto end = prompt.begin() + static_cast<long>(prompt.size() / kTokensPerPage * kTokensPerPage);
+    return cache_file_name(config_fingerprint(m.config()), mode, std::vector<int32_t>(prompt.begin(), end));
+  }
+  std::set<std::string> entries() const {
+    std::set<std::string> names;
+    for (const auto& e : fs::directory_iterator(folder)) {
+      if (e.path().extension() == kCacheFileExtension) names.insert(e.path().filename().string());
+    }
+    return names;
+  }
+  uint64_t entry_bytes() const {
+    uint64_t n = 0;
+    for (const std::string& name : entries()) n += fs::file_size(folder + "/" + name);
+    return n;
+  }
+
+  const Model& m = tiny();
+  StatePools pools{m.config(), m.roles(), m.backend().allocator()};
+  test::TempDir dir;
+  const std::string folder = dir / "cache";
+  std::vector<std::string> logged;
+};
+
+TEST_F(PrefixCacheDiskTier, BudgetEvictsTheLeastRecentlyUsed) {
+  std::vector<std::vector<int32_t>> p;  // 130 tokens each: every store writes one 128-token entry
+  for (uint32_t i = 0; i < 6; ++i) p.push_back(ids(130, 40 + i));
+  uint64_t one = 0;
+  {
+    auto probe = make(std::numeric_limits<uint64_t>::max());
+    run(m, pools, probe.get(), p[0]);
+    one = probe->disk_stats().bytes;
+  }
+  ASSERT_GT(one, 10000u);
+  fs::remove_all(folder);
+  const uint64_t budget = 3 * one + one / 2;  // room for three entries
+  auto cache = make(budget);
+  for (int i = 0; i < 5; ++i) {
+    run(m, pools, cache.get(), p[static_cast<size_t>(i)]);
+    EXPECT_LE(entry_bytes(), budget) << "after store " << i;
+    EXPECT_EQ(cache->disk_stats().bytes, entry_bytes()) << "after store " << i;
+  }
+  EXPECT_EQ(entries(), (std::set<std::string>{name_of(p[2]), name_of(p[3]), name_of(p[4])}));
+  EXPECT_EQ(cache->disk_stats().evictions, 2u);
+  // A restore makes its entry recent again: the least recently used goes next, not the oldest stored.
+  cache->clear_ram();
+  CacheHit hit;
+  run(m, pools, cache.get(), p[2], &hit);
+  EXPECT_EQ(hit.source, "disk");
+  run(m, pools, cache.get(), p[5]);
+  EXPECT_EQ(entries(), (std::set<std::string>{name_of(p[2]), name_of(p[4]), name_of(p[5])}));
+  EXPECT_LE(entry_bytes(), budget);
+
+  // A later process with a smaller budget keeps the most recently used by the files' times.
+  cache.reset();
+  const auto now = fs::file_time_type::clock::now();
+  fs::last_write_time(folder + "/" + name_of(p[2]), now - std::chrono::hours(3));
+  fs::last_write_time(folder + "/" + name_of(p[4]), now - std::chrono::hours(1));
+  fs::last_write_time(folder + "/" + name_of(p[5]), now - std::chrono::hours(2));
+  logged.clear();
+  auto smaller = make(one + one / 2);
+  EXPECT_EQ(entries(), std::set<std::string>{name_of(p[4])});
+  ASSERT_EQ(logged.size(), 1u);
+  EXPECT_NE(logged[0].find("removed the 2 least recently used"), std::string::npos) << logged[0];
+}
+
+// The folder is read once, at construction: a request neither lists it nor reads other files' headers.
+// So another writer's entry is not seen, while this cache's own stores are, and a file removed
+// behind its back costs one recompute.
+TEST_F(PrefixCacheDiskTier, TheIndexFollowsItsOwnStores) {
+  auto a = make(std::numeric_limits<uint64_t>::max());
+  auto b = make(std::numeric_limits<uint64_t>::max());  // indexed the same, still empty, folder
+  const std::vector<int32_t> p = ids(130, 60);
+  const std::vector<float> cold = run(m, pools, nullptr, p);
+  CacheHit hit;
+  run(m, pools, a.get(), p);
+  EXPECT_EQ(entries(), std::set<std::string>{name_of(p)});
+  run(m, pools, b.get(), p, &hit);
+  EXPECT_EQ(hit.source, "none");  // written after b looked
+  a->clear_ram();
+  EXPECT_EQ(run(m, pools, a.get(), p, &hit), cold);
+  EXPECT_EQ(hit.source, "disk");
+  EXPECT_EQ(hit.cached_tokens, 128);
+
+  fs::remove(folder + "/" + name_of(p));
+  a->clear_ram();
+  logged.clear();
+  EXPECT_EQ(run(m, pools, a.get(), p, &hit), cold);
+  EXPECT_EQ(hit.source, "none");
+  ASSERT_EQ(logged.size(), 1u);
+  EXPECT_NE(logged[0].find("no such file"), std::string::npos) << logged[0];
+  EXPECT_EQ(entries(), std::set<std::string>{name_of(p)});  // stored again by the recompute
+  a->clear_ram();
+  run(m, pools, a.get(), p, &hit);
+  EXPECT_EQ(hit.source, "disk");
+}
+
+TEST_F(PrefixCacheDiskTier, StaleTemporariesAreRemovedAtStart) {
+  fs::create_directories(folder);
+  const std::string stale = folder + "/.0123456789abcdef.dsv41kv.tmp.Ab12Cd";  // a crash's leftover
+  const std::string fresh = folder + "/.fedcba9876543210.dsv41kv.tmp.Xy34Zw";  // another process writing
+  std::ofstream(stale) << "partial";
+  std::ofstream(fresh) << "partial";
+  fs::last_write_time(stale, fs::file_time_type::clock::now() - std::chrono::hours(1));
+  auto cache = make(std::numeric_limits<uint64_t>::max());
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(fresh));
+  EXPECT_EQ(cache->disk_stats().temporaries_removed, 1u);
+}
+
+// A file the cache cannot use is logged once, however many requests could have used it, and only
+// costs the recompute.
+TEST_F(PrefixCacheDiskTier, BadFilesAreLoggedOnceAndOnlySkipTheCache) {
+  // Found bad by the scan at start: junk, and an entry of another model.
+  fs::create_directories(folder);
+  std::ofstream(folder + "/0000000000000000.dsv41kv") << std::string(100, 'x');
+  CacheEntry foreign;
+  foreign.model_fingerprint = "another-model";
+  foreign.mode = "exact";
+  foreign.tokens = ids(128, 80);
+  write_cache_entry(folder + "/1111111111111111.dsv41kv", foreign);
+  {
+    auto cache = make(std::numeric_limits<uint64_t>::max());
+    EXPECT_EQ(logged.size(), 2u);
+    run(m, pools, cache.get(), ids(130, 81));
+    run(m, pools, cache.get(), ids(130, 82));
+    EXPECT_EQ(logged.size(), 2u);
+  }
+  fs::remove_all(folder);
+
+  // Found bad when read: a replay entry whose body went bad after the folder was indexed. Both prompts
+  // below would pick it (Q2 over the 192 tokens RAM holds); only the first tries it.
+  const std::vector<int32_t> s = ids(300, 83);
+  auto cache = make(std::numeric_limits<uint64_t>::max(), CacheMode::Replay);
+  run(m, pools, cache.get(), s);
+  const std::string file = folder + "/" + name_of(s, "replay");
+  std::ifstream in(file, std::ios::binary);
+  std::string bytes{std::istreambuf_iterator<char>(in), {}};
+  in.close();
+  ASSERT_GT(bytes.size(), 1000u);
+  bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x5A);
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+  cache = make(std::numeric_limits<uint64_t>::max(), CacheMode::Replay);
+  logged.clear();
+  std::vector<int32_t> q1(s.begin(), s.begin() + 200), q2(s.begin(), s.begin() + 260);
+  q1 = concat(q1, ids(100, 84));
+  q2 = concat(q2, ids(40, 85));
+  CacheHit hit;
+  EXPECT_EQ(run(m, pools, cache.get(), q1, &hit), run(m, pools, nullptr, q1));
+  EXPECT_EQ(hit.source, "none");
+  ASSERT_EQ(logged.size(), 1u);
+  EXPECT_NE(logged[0].find("checksum mismatch"), std::string::npos) << logged[0];
+  EXPECT_NE(logged[0].find(file), std::string::npos) << logged[0];
+  run(m, pools, cache.get(), q2, &hit);
+  EXPECT_EQ(hit.source, "ram");
+  EXPECT_EQ(hit.cached_tokens, 192);
+  EXPECT_EQ(logged.size(), 1u);
 }
 
 // The disk tier through the command, as a user runs it: a new process reuses the prefix.

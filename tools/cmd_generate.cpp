@@ -176,7 +176,9 @@ int run_generate(int argc, char** argv) {
     std::error_code ec;
     std::filesystem::create_directories(cache_dir, ec);
     if (ec) fail("--prompt-cache", cache_dir + ": cannot create the folder: " + ec.message());
-    cache = std::make_unique<PrefixCache>(*model, pools, cache_mode, uint64_t{1} << 30, cache_dir, so.index_keys);
+    DiskTierOptions disk;
+    disk.log = [](const std::string& w) { std::fprintf(stderr, "dsv41 generate: warning: %s\n", w.c_str()); };
+    cache = std::make_unique<PrefixCache>(*model, pools, cache_mode, uint64_t{1} << 30, cache_dir, so.index_keys, disk);
   }
   Session session(*model, pools, so, cache.get());
   const std::string spec_name = args.get("--speculative", "");
@@ -215,7 +217,6 @@ int run_generate(int argc, char** argv) {
     }
   });
   const double prefill_s = seconds_since(t_prefill);
-  for (const std::string& w : session.cache_hit().warnings) std::fprintf(stderr, "dsv41 generate: warning: %s\n", w.c_str());
 
   std::vector<int32_t> generated;
   std::vector<float> dump;

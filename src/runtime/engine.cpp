@@ -4,9 +4,11 @@
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <filesystem>
 #include <mutex>
+#include <new>
 #include <thread>
 
 #include "io/layer_roles.h"
@@ -30,6 +32,13 @@ std::vector<double> log_softmax(const std::vector<float>& logits) {
   return out;
 }
 
+// What a client is told when its request fails while running: the cause in general terms only. The
+// full message, which may name server files (the prompt-cache folder, the model's), goes to the log.
+std::string client_error(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e)) return "the server ran out of memory while running this request";
+  return "the engine failed while running this request (the server log has the details)";
+}
+
 }  // namespace
 
 struct Engine::Impl {
@@ -50,6 +59,7 @@ struct Engine::Impl {
   };
 
   EngineOptions opt;
+  std::function<void(const std::string&)> log;  // opt.log, or stderr
   std::unique_ptr<Model> model;
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<StatePools> pools;
@@ -73,6 +83,8 @@ struct Engine::Impl {
   void step();
   bool admit_locked();
   void finish(Request& r, const std::string& reason, const std::string& error = "");
+  void fail_request(Request& r, const std::exception& e);
+  bool advance(Request& r);
   bool emit(Request& r, int32_t token, const std::vector<float>& logits);
   void sample_and_emit(Request& r, const std::vector<float>& logits, int64_t vocab);
 };
@@ -80,6 +92,8 @@ struct Engine::Impl {
 Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.opt = options;
+  m.log = options.log ? options.log
+                      : [](const std::string& line) { std::fprintf(stderr, "dsv41 engine: %s\n", line.c_str()); };
   if (options.parallel < 1) fail("--parallel", "must be at least 1");
   if (options.prefill_chunk < 1) fail("prefill chunk", "must be at least 1");
   m.model = load_model(options.model_dir, {options.backend, options.engram});
@@ -87,14 +101,13 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
   const ModelConfig& c = m.model->config();
   m.pools = std::make_unique<StatePools>(c, m.model->roles(), m.model->backend().allocator());
   m.bytes_per_token = build_state_graph(c, m.model->roles()).global_bytes_per_token();
-  if (!options.prompt_cache_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(options.prompt_cache_dir, ec);
-    if (ec) fail(options.prompt_cache_dir, "cannot create the prompt-cache folder: " + ec.message());
-  }
+  // The folder is made (or refused, naming it) and indexed here, before any request waits on it.
   m.cache = std::make_unique<PrefixCache>(*m.model, *m.pools, options.cache_mode, options.cache_ram_bytes,
-                                          options.prompt_cache_dir);
+                                          options.prompt_cache_dir, IndexKeysMode::Owner,
+                                          DiskTierOptions{options.prompt_cache_disk_bytes, m.log});
   m.stats.kv_budget_bytes = options.kv_budget_bytes;
+  m.stats.prompt_cache_disk_files = m.cache->disk_stats().files;  // what the folder held at start
+  m.stats.prompt_cache_disk_bytes = m.cache->disk_stats().bytes;
   m.scheduler = std::thread([&m] { m.loop(); });
 }
 
@@ -270,31 +283,53 @@ bool Engine::Impl::admit_locked() {
   return admitted;
 }
 
+void Engine::Impl::fail_request(Request& r, const std::exception& e) {
+  log("request " + std::to_string(r.id) + " failed: " + e.what());
+  if (r.finished) return;  // it failed after its final event (in its sink): nothing more to tell
+  try {
+    finish(r, "error", client_error(e));
+  } catch (const std::exception&) {
+    // its sink threw again: the request is finished all the same, and nobody else is involved
+  }
+}
+
+// One request's part of a step outside the decode batch: its cache restore and prefill chunks, then
+// its first token. Returns true when it is ready to join the decode batch.
+bool Engine::Impl::advance(Request& r) {
+  if (!r.session) {
+    r.session = std::make_unique<Session>(*model, *pools, SessionOptions{}, cache.get());
+    r.sampler = std::make_unique<Sampler>(r.params.sampling);
+    r.decoder = std::make_unique<StreamDecoder>(*tokenizer);
+    r.session->begin_prefill(r.params.prompt);
+    r.cached_tokens = r.session->cache_hit().cached_tokens;
+  }
+  if (r.session->prefill_pending()) {
+    r.session->prefill_step(opt.prefill_chunk);
+    if (r.session->prefill_pending()) return false;
+  }
+  if (!r.started) {  // the first token comes from the prefill's logits
+    r.started = true;
+    sample_and_emit(r, r.session->last_logits(), model->config().vocab_size);
+    return false;
+  }
+  return true;
+}
+
 void Engine::Impl::step() {
   const int64_t V = model->config().vocab_size;
   // prefill chunks first, one sequence at a time; every sequence ready to decode then runs in one
-  // batched step (every weight-streaming part, the experts included, reads its weights once for all)
+  // batched step (every weight-streaming part, the experts included, reads its weights once for all).
+  // What fails for one request (its prefill, a state it cannot restore, its sink) ends that request
+  // alone; prompt-cache disk problems never get here (the cache skips or recomputes instead).
   std::vector<Request*> decoding;
   for (auto& rp : running) {
     Request& r = *rp;
     if (r.finished) continue;
-    if (!r.session) {
-      r.session = std::make_unique<Session>(*model, *pools, SessionOptions{}, cache.get());
-      r.sampler = std::make_unique<Sampler>(r.params.sampling);
-      r.decoder = std::make_unique<StreamDecoder>(*tokenizer);
-      r.session->begin_prefill(r.params.prompt);
-      r.cached_tokens = r.session->cache_hit().cached_tokens;
+    try {
+      if (advance(r)) decoding.push_back(&r);
+    } catch (const std::exception& e) {
+      fail_request(r, e);
     }
-    if (r.session->prefill_pending()) {
-      r.session->prefill_step(opt.prefill_chunk);
-      if (r.session->prefill_pending()) continue;
-    }
-    if (!r.started) {  // the first token comes from the prefill's logits
-      r.started = true;
-      sample_and_emit(r, r.session->last_logits(), V);
-      continue;
-    }
-    decoding.push_back(&r);
   }
   if (decoding.empty()) return;
   std::vector<Session*> sessions;
@@ -303,8 +338,20 @@ void Engine::Impl::step() {
     sessions.push_back(r->session.get());
     tokens.push_back(r->last);
   }
-  std::vector<std::vector<float>> logits = Session::decode_batch(sessions, tokens);
-  for (size_t i = 0; i < decoding.size(); ++i) sample_and_emit(*decoding[i], logits[i], V);
+  std::vector<std::vector<float>> logits;
+  try {
+    logits = Session::decode_batch(sessions, tokens);
+  } catch (const std::exception& e) {  // one forward for the whole batch: it fails the batch, nobody else
+    for (Request* r : decoding) fail_request(*r, e);
+    return;
+  }
+  for (size_t i = 0; i < decoding.size(); ++i) {
+    try {
+      sample_and_emit(*decoding[i], logits[i], V);
+    } catch (const std::exception& e) {
+      fail_request(*decoding[i], e);
+    }
+  }
 }
 
 void Engine::Impl::sample_and_emit(Request& r, const std::vector<float>& logits, int64_t V) {
@@ -345,9 +392,10 @@ void Engine::Impl::loop() {
     }
     try {
       step();
-    } catch (const std::exception& e) {
+    } catch (const std::exception& e) {  // not tied to one request (step() attributes those itself)
+      log(std::string("step failed for the whole batch: ") + e.what());
       for (auto& r : running) {
-        if (!r->finished) finish(*r, "error", e.what());
+        if (!r->finished) finish(*r, "error", client_error(e));
       }
     }
     const size_t batch = running.size();
@@ -364,6 +412,11 @@ void Engine::Impl::loop() {
     stats.kv_pages_in_use = pools->pages_in_use();
     stats.cache_pages_in_use = cache->pages_held();
     stats.kv_bytes_in_use = pools->bytes_in_use();
+    const CacheFolder::Stats disk = cache->disk_stats();
+    stats.prompt_cache_disk_files = disk.files;
+    stats.prompt_cache_disk_bytes = disk.bytes;
+    stats.prompt_cache_evictions = disk.evictions;
+    stats.prompt_cache_write_failures = disk.write_failures;
   }
   // shutting down: everyone still here is told
   for (auto& r : running) {

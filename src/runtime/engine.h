@@ -28,10 +28,15 @@ struct EngineOptions {
   int64_t prefill_chunk = 256;               // prompt tokens one sequence may run per step
   uint64_t kv_budget_bytes = uint64_t{1} << 30;  // global KV pages (admission control)
   std::string prompt_cache_dir;              // empty: RAM tier only
+  uint64_t prompt_cache_disk_bytes = kDefaultPromptCacheDiskBytes;  // the folder's files; LRU past it
   CacheMode cache_mode = CacheMode::Exact;
   uint64_t cache_ram_bytes = uint64_t{256} << 20;
   EngramTier engram = EngramTier::Mmap;
   std::shared_ptr<const Backend> backend;    // null: the best kernel level, one thread per core
+  // Lines for the operator (a request's failure in full, prompt-cache files skipped, cache writes
+  // failing), called on the scheduler thread or in the constructor; null: stderr. Clients never see
+  // these: a failed request's TokenEvent.error names no server file.
+  std::function<void(const std::string&)> log;
 };
 
 struct RequestParams {
@@ -68,6 +73,10 @@ struct EngineMetrics {
   uint64_t kv_pages_in_use = 0;
   uint64_t cache_pages_in_use = 0;  // of those, held by the prefix cache for later requests
   uint64_t kv_bytes_in_use = 0, kv_budget_bytes = 0;
+  // The prompt-cache folder (all 0 without one): what it indexes now, files removed to keep its
+  // budget, and stores that did not reach the disk (their requests went on uncached).
+  uint64_t prompt_cache_disk_files = 0, prompt_cache_disk_bytes = 0;
+  uint64_t prompt_cache_evictions = 0, prompt_cache_write_failures = 0;
 };
 
 class Engine {

@@ -68,11 +68,15 @@ std::vector<uint8_t> rows_bytes(const PagedRows& rows) {
 }  // namespace
 
 PrefixCache::PrefixCache(const Model& model, StatePools& pools, CacheMode mode, uint64_t ram_budget_bytes,
-                         std::string disk_dir, IndexKeysMode index_keys)
-    : model_(model), pools_(pools), mode_(mode), ram_budget_(ram_budget_bytes), disk_dir_(std::move(disk_dir)),
-      index_keys_(index_keys), tree_(static_cast<size_t>(kTokensPerPage)) {
+                         std::string disk_dir, IndexKeysMode index_keys, DiskTierOptions disk)
+    : model_(model), pools_(pools), mode_(mode), ram_budget_(ram_budget_bytes), index_keys_(index_keys),
+      tree_(static_cast<size_t>(kTokensPerPage)) {
   for (const LayerRole& r : model.roles()) {
     if (r.kv_source) sources_.push_back(r.layer);
+  }
+  if (!disk_dir.empty()) {
+    disk_ = std::make_unique<CacheFolder>(std::move(disk_dir), config_fingerprint(model.config()),
+                                          cache_mode_name(mode), disk.budget_bytes, std::move(disk.log));
   }
 }
 
@@ -147,7 +151,7 @@ CacheHit PrefixCache::restore(const std::vector<int32_t>& prompt, SequenceState&
   if (mode_ == CacheMode::Exact) {  // only a boundary with a snapshot restores bit-identically
     while (blocks > 0 && !blocks_.at(m.path[blocks - 1]).snapshot) --blocks;
   }
-  if (!disk_dir_.empty() && restore_from_disk(prompt, blocks * kTokensPerPage, state, hit)) return hit;
+  if (disk_ && restore_from_disk(prompt, blocks * kTokensPerPage, state, hit)) return hit;
   if (blocks == 0) return hit;
 
   SequenceState st = model_.new_sequence(pools_);
@@ -183,42 +187,54 @@ CacheHit PrefixCache::restore(const std::vector<int32_t>& prompt, SequenceState&
 
 bool PrefixCache::restore_from_disk(const std::vector<int32_t>& prompt, int64_t better_than, SequenceState& state,
                                     CacheHit& hit) {
-  const std::string fp = config_fingerprint(model_.config());
   const int64_t limit = usable_boundary(static_cast<int64_t>(prompt.size()));
-  const CacheIndexItem* best = nullptr;
-  int64_t best_tokens = better_than;
-  std::vector<CacheIndexItem> items = scan_cache_dir(disk_dir_, fp, &hit.warnings);
-  for (const CacheIndexItem& item : items) {
-    if (item.mode != cache_mode_name(mode_)) continue;
-    const int64_t n = static_cast<int64_t>(item.tokens.size());
-    const int64_t common = std::mismatch(item.tokens.begin(), item.tokens.end(), prompt.begin(),
-                                         prompt.begin() + std::min<int64_t>(n, static_cast<int64_t>(prompt.size())))
-                               .first - item.tokens.begin();
-    int64_t usable = 0;
-    if (mode_ == CacheMode::Exact) {
-      usable = common == n && n <= limit && n % kTokensPerPage == 0 ? n : 0;  // the snapshot's own boundary only
-    } else {
-      usable = std::min(common, limit) / kTokensPerPage * kTokensPerPage;
+  // The best entry is tried first; one that turns out gone or bad is forgotten by the folder, so the
+  // next pass finds the next best and every bad file costs one read, once. Each pass but the last
+  // forgets an entry, so the passes are bounded by the entries there are.
+  const size_t entries = disk_->items().size();
+  for (size_t pass = 0; pass <= entries; ++pass) {
+    std::string best;
+    int64_t best_tokens = better_than;
+    for (const auto& [name, item] : disk_->items()) {
+      const int64_t n = static_cast<int64_t>(item.tokens.size());
+      const int64_t common = std::mismatch(item.tokens.begin(), item.tokens.end(), prompt.begin(),
+                                           prompt.begin() + std::min<int64_t>(n, static_cast<int64_t>(prompt.size())))
+                                 .first - item.tokens.begin();
+      int64_t usable = 0;
+      if (mode_ == CacheMode::Exact) {
+        usable = common == n && n <= limit && n % kTokensPerPage == 0 ? n : 0;  // the snapshot's own boundary only
+      } else {
+        usable = std::min(common, limit) / kTokensPerPage * kTokensPerPage;
+      }
+      if (usable > best_tokens) {
+        best = name;
+        best_tokens = usable;
+      }
     }
-    if (usable > best_tokens) {
-      best = &item;
-      best_tokens = usable;
+    if (best.empty()) return false;
+    try {
+      if (restore_entry(prompt, best, best_tokens, state, hit)) return true;
+    } catch (const std::exception& e) {  // e.g. no memory for a large entry: only the cache is skipped
+      disk_->reject(best, std::string("restoring it failed: ") + e.what());
     }
   }
-  if (!best) return false;
-  std::string why;
-  std::optional<CacheEntry> entry = read_cache_entry(best->path, fp, &why);
+  return false;
+}
+
+bool PrefixCache::restore_entry(const std::vector<int32_t>& prompt, const std::string& name, int64_t best_tokens,
+                                SequenceState& state, CacheHit& hit) {
+  const std::optional<CacheEntry> entry = disk_->read(name);  // gone or bad: logged and forgotten there
+  if (!entry) return false;
   auto reject = [&](const std::string& reason) {
-    hit.warnings.push_back(reason + "; ignored, the prefix is recomputed");
+    disk_->reject(name, reason);
     return false;
   };
-  if (!entry) return reject(why);
   SequenceState st = model_.new_sequence(pools_);
   for (int l : sources_) {
     const int64_t rows = best_tokens / model_.config().compress_ratios[l];
     if (!load_rows(find_section(*entry, "main_kv", l), rows, st.sources[l]->compressed) ||
         !load_rows(find_section(*entry, "index_keys", l), rows, st.sources[l]->index_keys)) {
-      return reject(best->path + ": its rows do not fit this model");
+      return reject("its rows do not fit this model");
     }
   }
   st.length = best_tokens;
@@ -244,7 +260,7 @@ bool PrefixCache::restore_from_disk(const std::vector<int32_t>& prompt, int64_t 
          from_bytes(recent->bytes, s.engram_recent) && keys && keys->bytes.size() == 4;
     const int64_t ring = model_.config().window_size * window_row_bytes(model_.config().head_dim);
     for (const auto& w : s.window) ok = ok && (w.empty() || static_cast<int64_t>(w.size()) == ring);
-    if (!ok) return reject(best->path + ": its window snapshot does not fit this model");
+    if (!ok) return reject("its window snapshot does not fit this model");
     std::memcpy(&s.last_index_keys_layer, keys->bytes.data(), 4);
     apply(s, st);
   } else {
@@ -290,7 +306,7 @@ uint64_t PrefixCache::store(const std::vector<int32_t>& tokens, const SequenceSt
     release(blocks_.at(id));
     blocks_.erase(id);
   }
-  if (disk_dir_.empty()) return 0;
+  if (!disk_) return 0;
 
   CacheEntry e;
   e.model_fingerprint = config_fingerprint(model_.config());
@@ -313,7 +329,7 @@ uint64_t PrefixCache::store(const std::vector<int32_t>& tokens, const SequenceSt
     e.sections.push_back({"engram_recent", -1, 0, to_bytes(st.engram_recent)});
     e.sections.push_back({"last_index_keys_layer", -1, 0, to_bytes(std::vector<int32_t>{st.last_index_keys_layer})});
   }
-  return write_cache_entry(disk_dir_ + "/" + cache_file_name(e.model_fingerprint, e.mode, tokens), e);
+  return disk_->store(e);  // never throws: a failed write leaves the request uncached
 }
 
 }  // namespace dsv41

@@ -1,7 +1,8 @@
 // The prefix cache (model-spec §5): prompts that start like an earlier one reuse its state instead of
 // being prefilled again. In RAM, a radix tree over 64-token blocks maps prompt prefixes to the pages
 // of global rows they produced (shared, reference-counted, copy-on-write); on disk, finished prefixes
-// are kept as verified files that a later process finds again.
+// are kept as verified files that a later process finds again (state/cache_folder.h: an index built at
+// start, a byte budget, and disk problems that only ever cost a recompute, each logged once).
 //
 // Two restore modes:
 //  - exact: the windows, compressor tails and the rest of the short-lived state at the block boundary
@@ -12,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -19,6 +21,7 @@
 
 #include "model/model.h"
 #include "runtime/cache_mode.h"
+#include "state/cache_folder.h"
 #include "state/prefix_tree.h"
 #include "state/state_pools.h"
 
@@ -29,15 +32,20 @@ struct CacheHit {
   int64_t cached_tokens = 0;    // prompt tokens whose state came from the cache
   int64_t replayed_tokens = 0;  // tokens re-run to rebuild windows (replay mode)
   std::string source = "none";  // "none", "ram" or "disk"
-  std::vector<std::string> warnings;  // cache files found unusable (corrupt, foreign, old) and skipped
+};
+
+struct DiskTierOptions {
+  uint64_t budget_bytes = kDefaultPromptCacheDiskBytes;  // the files' total; least recently used go first
+  CacheFolder::Log log;  // files skipped, writes failing (each once); null: stderr
 };
 
 class PrefixCache {
  public:
   // ram_budget_bytes bounds the pages and snapshots the RAM tier keeps (LRU over leaf blocks);
-  // disk_dir empty = no disk tier.
+  // disk_dir empty = no disk tier. With one, the folder is made if missing (Error when it cannot be)
+  // and indexed here, once.
   PrefixCache(const Model& model, StatePools& pools, CacheMode mode, uint64_t ram_budget_bytes, std::string disk_dir,
-              IndexKeysMode index_keys = IndexKeysMode::Owner);
+              IndexKeysMode index_keys = IndexKeysMode::Owner, DiskTierOptions disk = {});
   ~PrefixCache();
   PrefixCache(const PrefixCache&) = delete;
   PrefixCache& operator=(const PrefixCache&) = delete;
@@ -53,13 +61,15 @@ class PrefixCache {
   CacheHit restore(const std::vector<int32_t>& prompt, SequenceState& state, int64_t tail_start);
 
   // Records the state after `tokens` (state.length == tokens.size(), a multiple of kTokensPerPage) in
-  // RAM and, with a disk tier, in a file. Returns the bytes written to disk (0 without one).
+  // RAM and, with a disk tier, in a file. Returns the bytes written to disk: 0 without a disk tier and
+  // when the write failed, which is counted and logged but never thrown (the request goes on uncached).
   uint64_t store(const std::vector<int32_t>& tokens, const SequenceState& state);
 
   uint64_t ram_bytes() const { return tree_.bytes(); }
   uint64_t pages_held() const { return blocks_.size() * sources_.size() * 2; }  // a main and a key page per source
   size_t ram_blocks() const { return blocks_.size(); }
   void clear_ram();
+  CacheFolder::Stats disk_stats() const { return disk_ ? disk_->stats() : CacheFolder::Stats{}; }
 
  private:
   struct Snapshot;
@@ -74,13 +84,15 @@ class PrefixCache {
   void replay(const std::vector<int32_t>& prompt, int64_t boundary, SequenceState& state, int64_t tail_start,
               CacheHit& hit) const;
   bool restore_from_disk(const std::vector<int32_t>& prompt, int64_t better_than, SequenceState& state, CacheHit& hit);
+  bool restore_entry(const std::vector<int32_t>& prompt, const std::string& name, int64_t best_tokens,
+                     SequenceState& state, CacheHit& hit);
 
   const Model& model_;
   StatePools& pools_;
   CacheMode mode_;
   uint64_t ram_budget_;
-  std::string disk_dir_;
   IndexKeysMode index_keys_;
+  std::unique_ptr<CacheFolder> disk_;  // null: no disk tier
   std::vector<int> sources_;  // KV source layers, in order
   PrefixTree tree_;
   std::unordered_map<PrefixTree::EntryId, Block> blocks_;

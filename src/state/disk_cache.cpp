@@ -84,12 +84,14 @@ class EntryReader {
       reject("not a regular file");
     }
     size_ = static_cast<uint64_t>(st.st_size);
+    modified_ns_ = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
   }
   ~EntryReader() { ::close(fd_); }
   EntryReader(const EntryReader&) = delete;
   EntryReader& operator=(const EntryReader&) = delete;
 
   uint64_t size() const { return size_; }
+  int64_t modified_ns() const { return modified_ns_; }
   uint64_t digest() const { return XXH3_64bits_digest(&hash_); }
 
   void read(void* dst, uint64_t n, const char* what) {
@@ -112,6 +114,7 @@ class EntryReader {
  private:
   int fd_ = -1;
   uint64_t size_ = 0;
+  int64_t modified_ns_ = 0;
   uint64_t pos_ = 0;
   XXH3_state_t hash_;
 };
@@ -332,6 +335,7 @@ std::vector<CacheIndexItem> scan_cache_dir(const std::string& dir, const std::st
       item.path = p.string();
       item.mode = read_front(r, expected_fingerprint, &item.tokens).mode;
       item.file_bytes = r.size();
+      item.modified_ns = r.modified_ns();
       items.push_back(std::move(item));
     } catch (const Rejected& r) {
       warn(p.string() + ": " + r.reason + " (skipped)");
@@ -340,6 +344,38 @@ std::vector<CacheIndexItem> scan_cache_dir(const std::string& dir, const std::st
   if (ec) warn(dir + ": listing the prompt-cache folder stopped early: " + ec.message());
   std::sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.path < b.path; });
   return items;
+}
+
+bool is_cache_temporary_name(const std::string& name) {
+  // write_file_atomic names its temporary "." + the target's name + ".tmp." + what mkstemp fills in
+  // (earlier builds used other suffixes; any suffix after ".tmp." counts).
+  const std::string infix = std::string(kCacheFileExtension) + ".tmp.";
+  const size_t at = name.find(infix);
+  return at != std::string::npos && at > 1 && name.front() == '.' && name.size() > at + infix.size();
+}
+
+std::vector<std::string> remove_stale_cache_temporaries(const std::string& dir, std::chrono::seconds min_age,
+                                                        std::vector<std::string>* warnings) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  if (ec) return removed;  // nothing to clean; a folder that cannot be listed is reported by the scan
+  const auto now = fs::file_time_type::clock::now();
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!is_cache_temporary_name(name)) continue;
+    std::error_code e;
+    if (!it->is_regular_file(e)) continue;
+    const auto modified = it->last_write_time(e);
+    // A writer keeps its temporary's time fresh until the rename; an old one was left by a crash.
+    if (e || now - modified < min_age) continue;
+    if (fs::remove(it->path(), e)) {
+      removed.push_back(it->path().string());
+    } else if (e && warnings) {
+      warnings->push_back(it->path().string() + ": cannot remove this stale temporary file: " + e.message());
+    }
+  }
+  return removed;
 }
 
 std::string cache_file_name(const std::string& fingerprint, const std::string& mode,

@@ -12,6 +12,7 @@
 // every count is capped and the whole layout must add up to exactly the file's size.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -57,9 +58,20 @@ struct CacheIndexItem {
   std::vector<int32_t> tokens;
   std::string mode;
   uint64_t file_bytes = 0;
+  int64_t modified_ns = 0;  // the file's modification time: its place in a least-recently-used order
 };
 std::vector<CacheIndexItem> scan_cache_dir(const std::string& dir, const std::string& expected_fingerprint,
                                            std::vector<std::string>* warnings);
+
+// True for the name of a temporary file write_cache_entry makes (through write_file_atomic) while it
+// writes an entry: "." + the entry's name + ".tmp." + a unique suffix.
+bool is_cache_temporary_name(const std::string& name);
+
+// Removes the temporary files of unfinished writes directly in `dir` that were last modified at least
+// `min_age` ago: a crash leaves them behind, while a live writer (this process or another) renames its
+// own within moments. Returns the paths removed; a file it cannot remove adds a warning.
+std::vector<std::string> remove_stale_cache_temporaries(const std::string& dir, std::chrono::seconds min_age,
+                                                        std::vector<std::string>* warnings);
 
 // File name for a prefix: 16 hex digits of an XXH3-64 over fingerprint, mode and tokens, plus
 // kCacheFileExtension. Stable across processes and versions of this code.

@@ -504,6 +504,8 @@ TEST(ServerResponse, MetricsAreValidPrometheusText) {
   EngineMetrics m;
   m.requests_total = 5;
   m.kv_pages_in_use = 7;
+  m.prompt_cache_write_failures = 3;
+  m.prompt_cache_disk_bytes = 4096;
   HttpCounters h;
   h.responses_5xx = 1;
   const std::string text = render_metrics(m, h);
@@ -511,6 +513,8 @@ TEST(ServerResponse, MetricsAreValidPrometheusText) {
   EXPECT_NE(text.find("\ndsv41_kv_pages_in_use 7\n"), std::string::npos);
   EXPECT_NE(text.find("dsv41_http_responses_total{code=\"5xx\"} 1\n"), std::string::npos);
   EXPECT_NE(text.find("# TYPE dsv41_requests_running gauge\n"), std::string::npos);
+  EXPECT_NE(text.find("\ndsv41_prompt_cache_write_failures_total 3\n"), std::string::npos);
+  EXPECT_NE(text.find("\ndsv41_prompt_cache_disk_bytes 4096\n"), std::string::npos);
 }
 
 // ---------------------------------------------------------------------------------------------

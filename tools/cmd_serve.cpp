@@ -31,6 +31,8 @@ constexpr const char* kHelp = R"(usage: dsv41 serve -m DIR [options]
       --parallel N           sequences decoded together; more requests wait in a queue (default 4)
       --kv-budget-mb N       KV memory for running sequences and the prefix cache (default 1024)
       --prompt-cache DIR     keep prompt prefixes' state in DIR too, for later runs (default: RAM only)
+      --prompt-cache-disk-mb N
+                             the folder's size cap; least recently used entries go past it (default 8192)
       --cache-mode M         exact (default) or replay, as in generate
       --cache-ram-mb N       RAM the prefix cache may keep (default 256)
       --prefill-chunk N      prompt tokens one sequence prefills per step (default 256)
@@ -98,7 +100,7 @@ int run_serve(int argc, char** argv) {
   Args args("serve", argc, argv,
             {"--model", "--host", "--port", "--parallel", "--kv-budget-mb", "--prompt-cache", "--cache-mode",
              "--cache-ram-mb", "--prefill-chunk", "--engram", "--threads", "--thinking", "--default-max-tokens",
-             "--served-model-name", "--api-key", "--api-key-file", "--cors-origins", "--max-connections",
+             "--served-model-name", "--api-key", "--api-key-file", "--cors-origins", "--max-connections", "--prompt-cache-disk-mb",
              "--request-timeout", "--header-timeout", "--body-timeout"},
             {"--log-requests", "--test-hooks"}, {{"-m", "--model"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
@@ -108,6 +110,7 @@ int run_serve(int argc, char** argv) {
   eo.parallel = static_cast<int>(args.get_int("--parallel", 4, 1, 4096));
   eo.kv_budget_bytes = static_cast<uint64_t>(args.get_int("--kv-budget-mb", 1024, 1, int64_t{1} << 24)) << 20;
   eo.prompt_cache_dir = args.get("--prompt-cache");
+  eo.prompt_cache_disk_bytes = static_cast<uint64_t>(args.get_int("--prompt-cache-disk-mb", static_cast<int64_t>(kDefaultPromptCacheDiskBytes >> 20), 0, int64_t{1} << 30)) << 20;
   eo.cache_mode = parse_cache_mode(args.get("--cache-mode", "exact"));
   eo.cache_ram_bytes = static_cast<uint64_t>(args.get_int("--cache-ram-mb", 256, 0, int64_t{1} << 24)) << 20;
   eo.prefill_chunk = args.get_int("--prefill-chunk", 256, 1, 1 << 20);

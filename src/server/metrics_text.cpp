@@ -38,6 +38,10 @@ std::string render_metrics(const EngineMetrics& m, const HttpCounters& h) {
   metric(out, "dsv41_batch_size", "gauge", "Sequences in the last scheduler step.", m.last_batch_size);
   metric(out, "dsv41_kv_pages_in_use", "gauge", "KV pages allocated (running sequences and the prefix cache).", m.kv_pages_in_use);
   metric(out, "dsv41_prefix_cache_pages", "gauge", "KV pages the prefix cache holds (part of kv_pages_in_use).", m.cache_pages_in_use);
+  metric(out, "dsv41_prompt_cache_disk_files", "gauge", "Entries in the prompt-cache folder.", m.prompt_cache_disk_files);
+  metric(out, "dsv41_prompt_cache_disk_bytes", "gauge", "Bytes of the prompt-cache folder's entries.", m.prompt_cache_disk_bytes);
+  metric(out, "dsv41_prompt_cache_evictions_total", "counter", "Prompt-cache files removed to stay within the disk budget.", m.prompt_cache_evictions);
+  metric(out, "dsv41_prompt_cache_write_failures_total", "counter", "Prompt-cache writes that failed (the requests went on without caching).", m.prompt_cache_write_failures);
   metric(out, "dsv41_kv_bytes_in_use", "gauge", "Bytes of the KV pages allocated.", m.kv_bytes_in_use);
   metric(out, "dsv41_kv_budget_bytes", "gauge", "The KV memory budget admission works within.", m.kv_budget_bytes);
   out += "# HELP dsv41_http_responses_total HTTP responses sent, by status class.\n"

@@ -268,5 +268,25 @@ TEST(ServerHttp, StopClosesOpenConnectionsPromptly) {
   EXPECT_TRUE(closed);
 }
 
+// The latency histograms count what happened: one first token, queue time and end-to-end latency
+// per finished request, one inter-token gap per later token.
+TEST(ServerHttp, LatencyHistogramsCountEveryRequestAndToken) {
+  LiveServer s(tiny_engine_options());
+  const json body = {{"prompt", "Hi"}, {"max_tokens", 4}, {"temperature", 0}, {"ignore_eos", true}};
+  ASSERT_EQ(post(s.port(), "/v1/completions", body).status, 200);
+  json streamed = body;
+  streamed["stream"] = true;
+  ASSERT_TRUE(post_stream(s.port(), "/v1/completions", streamed).done);
+  const std::string m = request(s.port(), "GET", "/metrics").raw;
+  auto count = [&](const std::string& name) {
+    const size_t at = m.find(name + "_count ");
+    return at == std::string::npos ? -1 : std::stol(m.substr(at + name.size() + 7));
+  };
+  EXPECT_EQ(count("vllm:time_to_first_token_seconds"), 2) << m;
+  EXPECT_EQ(count("vllm:inter_token_latency_seconds"), 6);  // 3 gaps in each 4-token answer
+  EXPECT_EQ(count("vllm:request_queue_time_seconds"), 2);
+  EXPECT_EQ(count("vllm:e2e_request_latency_seconds"), 2);
+}
+
 }  // namespace
 }  // namespace dsv41::server

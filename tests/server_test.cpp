@@ -515,6 +515,24 @@ TEST(ServerResponse, MetricsAreValidPrometheusText) {
   EXPECT_NE(text.find("# TYPE dsv41_requests_running gauge\n"), std::string::npos);
   EXPECT_NE(text.find("\ndsv41_prompt_cache_write_failures_total 3\n"), std::string::npos);
   EXPECT_NE(text.find("\ndsv41_prompt_cache_disk_bytes 4096\n"), std::string::npos);
+
+  // histograms: cumulative buckets ending in +Inf, with sum and count
+  h.time_to_first_token.observe(0.003);
+  h.time_to_first_token.observe(0.03);
+  h.time_to_first_token.observe(5000);
+  const std::string t = render_metrics(m, h);
+  EXPECT_NE(t.find("# TYPE vllm:time_to_first_token_seconds histogram\n"), std::string::npos);
+  EXPECT_NE(t.find("vllm:time_to_first_token_seconds_bucket{le=\"0.001\"} 0\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("vllm:time_to_first_token_seconds_bucket{le=\"0.005\"} 1\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("vllm:time_to_first_token_seconds_bucket{le=\"0.04\"} 2\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("vllm:time_to_first_token_seconds_bucket{le=\"2560\"} 2\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("vllm:time_to_first_token_seconds_bucket{le=\"+Inf\"} 3\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("vllm:time_to_first_token_seconds_sum 5000.033\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("vllm:time_to_first_token_seconds_count 3\n"), std::string::npos) << t;
+  for (const char* name : {"vllm:inter_token_latency_seconds", "vllm:request_queue_time_seconds",
+                           "vllm:e2e_request_latency_seconds"}) {
+    EXPECT_NE(t.find(std::string(name) + "_count 0\n"), std::string::npos) << name;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -56,6 +57,7 @@ struct Engine::Impl {
     int64_t cached_tokens = 0;
     bool started = false;   // its first token has been sampled
     bool finished = false;  // its final event was sent
+    std::chrono::steady_clock::time_point submitted, admitted;
   };
 
   EngineOptions opt;
@@ -157,6 +159,7 @@ uint64_t Engine::submit(RequestParams params, EventSink sink) {
   auto r = std::make_unique<Impl::Request>();
   r->params = std::move(params);
   r->sink = std::move(sink);
+  r->submitted = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(m.mu);
   if (m.stopping) fail_unavailable("engine", "is shutting down");
   r->id = m.next_id++;
@@ -219,6 +222,7 @@ bool Engine::Impl::emit(Request& r, int32_t token, const std::vector<float>& log
   }
   TokenEvent e;
   e.token = token;
+  if (r.generated == 1) e.queue_seconds = std::chrono::duration<double>(r.admitted - r.submitted).count();
   if (r.params.top_logprobs >= 0) {
     std::vector<double> lp = log_softmax(logits);
     e.logprob = lp[static_cast<size_t>(token)];
@@ -275,6 +279,7 @@ bool Engine::Impl::admit_locked() {
       else break;  // wait for running sequences to finish
     }
     r.reserved_bytes = need;
+    r.admitted = std::chrono::steady_clock::now();
     reserved += need;
     running.push_back(std::move(queue.front()));
     queue.pop_front();

@@ -60,6 +60,7 @@ struct TokenEvent {
   std::string finish_reason;  // at done: "stop", "length", "cancelled" or "error"
   std::string error;
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;  // at done
+  double queue_seconds = -1;  // on the first token's event: from submit until the request was admitted
 };
 
 // Called on the scheduler thread; must be quick and must not call back into the engine.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <cstdio>
@@ -87,6 +88,8 @@ struct Generation {
   std::shared_ptr<HttpExchange> exchange;
   std::shared_ptr<ResponseBuilder> builder;
   std::shared_ptr<Shared> shared;
+  std::chrono::steady_clock::time_point arrived, last_token;
+  bool first_token = true;
 
   void deliver(const TokenEvent& e) {
     std::lock_guard<std::mutex> lock(mu);
@@ -107,8 +110,22 @@ struct Generation {
                     "the request ran past the server's request timeout of " + std::to_string(timeout.count()) + " ms",
                     "", "request_timeout");
   }
+  // The latency histograms: time to first token, between tokens, in the queue, and end to end.
+  void observe(const TokenEvent& e) {
+    const auto now = std::chrono::steady_clock::now();
+    const auto secs = [](auto d) { return std::chrono::duration<double>(d).count(); };
+    shared->count([&](HttpCounters& c) {
+      if (e.token >= 0) {
+        (first_token ? c.time_to_first_token : c.inter_token_latency).observe(secs(now - (first_token ? arrived : last_token)));
+        if (e.queue_seconds >= 0) c.queue_time.observe(e.queue_seconds);
+      }
+      if (e.done && (e.finish_reason == "stop" || e.finish_reason == "length")) c.e2e_latency.observe(secs(now - arrived));
+    });
+    if (e.token >= 0) first_token = false, last_token = now;
+  }
   void take(const TokenEvent& e) {
     if (builder->done()) return;
+    observe(e);
     std::vector<json> payloads = builder->add(e);
     if (stream) {
       std::string out;
@@ -185,7 +202,8 @@ struct HttpServer::Impl {
   std::optional<HttpReply> check(const RequestHead& head, std::vector<std::pair<std::string, std::string>>& add) const;
   void handle(std::shared_ptr<HttpExchange> ex, HttpRequest req);
   void observe(int status, const std::string& method, const std::string& path);
-  void generate(Endpoint endpoint, const std::shared_ptr<HttpExchange>& ex, const HttpRequest& req);
+  void generate(Endpoint endpoint, const std::shared_ptr<HttpExchange>& ex, const HttpRequest& req,
+                std::chrono::steady_clock::time_point arrived);
   json model_object(const std::string& id) const {
     return {{"id", id}, {"object", "model"}, {"created", started}, {"owned_by", "dsv41"},
             {"max_model_len", info.context_length}};
@@ -258,11 +276,12 @@ void HttpServer::Impl::handle(std::shared_ptr<HttpExchange> ex, HttpRequest req)
   if (method == "POST") {
     for (const Route& r : kRoutes) {
       if (path != r.path || std::string(r.method) != "POST") continue;
-      boost::asio::post(workers, [this, ex, req = std::move(req)] {
+      const auto arrived = std::chrono::steady_clock::now();
+      boost::asio::post(workers, [this, ex, arrived, req = std::move(req)] {
         try {
           const std::string& p = req.head.path;
-          if (p == "/v1/chat/completions") return generate(Endpoint::ChatCompletions, ex, req);
-          if (p == "/v1/completions") return generate(Endpoint::Completions, ex, req);
+          if (p == "/v1/chat/completions") return generate(Endpoint::ChatCompletions, ex, req, arrived);
+          if (p == "/v1/completions") return generate(Endpoint::Completions, ex, req, arrived);
           if (p == "/tokenize") return ex->reply(json_reply(200, tokenize(req.body, info)));
           if (p == "/detokenize") return ex->reply(json_reply(200, detokenize(req.body, info)));
           ApiRequest api = parse_request(Endpoint::ChatCompletions, req.body, info);  // /v1/debug/render
@@ -300,10 +319,12 @@ void HttpServer::Impl::handle(std::shared_ptr<HttpExchange> ex, HttpRequest req)
 }
 
 // On a worker: parse, submit, and wire the engine's events to the exchange.
-void HttpServer::Impl::generate(Endpoint endpoint, const std::shared_ptr<HttpExchange>& ex, const HttpRequest& req) {
+void HttpServer::Impl::generate(Endpoint endpoint, const std::shared_ptr<HttpExchange>& ex, const HttpRequest& req,
+                                std::chrono::steady_clock::time_point arrived) {
   ApiRequest api = parse_request(endpoint, req.body, info);
   RequestParams params = std::move(api.params);  // the engine's; the builder needs only the rest
   auto g = std::make_shared<Generation>();
+  g->arrived = arrived;
   g->stream = api.stream;
   g->timeout = options.request_timeout;
   g->exchange = ex;

@@ -1,5 +1,8 @@
 #include "server/metrics_text.h"
 
+#include <charconv>
+#include <cstdio>
+
 namespace dsv41::server {
 namespace {
 
@@ -21,7 +24,29 @@ void metric(std::string& out, const char* name, const char* type, const char* he
   out += '\n';
 }
 
+// Bounds as Prometheus clients write them: the shortest text that reads back the same ("0.001",
+// "10", "2560").
+std::string bound_text(double b) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, b);
+  return std::string(buf, r.ptr);
+}
+
 }  // namespace
+
+std::string LatencyHistogram::render(const std::string& name, const std::string& help) const {
+  std::string out = "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < counts_.size(); ++i) {
+    cumulative += counts_[i];
+    const std::string le = i < bounds_.size() ? bound_text(bounds_[i]) : "+Inf";
+    out += name + "_bucket{le=\"" + le + "\"} " + std::to_string(cumulative) + "\n";
+  }
+  char sum[64];
+  std::snprintf(sum, sizeof sum, "%.9g", sum_);
+  out += name + "_sum " + sum + "\n" + name + "_count " + std::to_string(count_) + "\n";
+  return out;
+}
 
 std::string render_metrics(const EngineMetrics& m, const HttpCounters& h) {
   std::string out;
@@ -50,8 +75,12 @@ std::string render_metrics(const EngineMetrics& m, const HttpCounters& h) {
   out += "dsv41_http_responses_total{code=\"4xx\"} " + std::to_string(h.responses_4xx) + "\n";
   out += "dsv41_http_responses_total{code=\"5xx\"} " + std::to_string(h.responses_5xx) + "\n";
   metric(out, "dsv41_http_streams_open", "gauge", "Streaming responses being written.", h.streams_open);
-  metric(out, "dsv41_http_client_disconnects_total", "counter", "Streams ended by the client going away.",
+  metric(out, "dsv41_http_client_disconnects_total", "counter", "Requests (streamed or not) ended by the client going away.",
          h.client_disconnects);
+  out += h.time_to_first_token.render("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.");
+  out += h.inter_token_latency.render("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.");
+  out += h.queue_time.render("vllm:request_queue_time_seconds", "Histogram of time spent in the waiting queue in seconds.");
+  out += h.e2e_latency.render("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.");
   return out;
 }
 

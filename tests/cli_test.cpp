@@ -443,5 +443,60 @@ TEST(CliBench, GemmIsReportedAgainstTheRegisterOnlyPeaks) {
   EXPECT_NE(bad.out.find("--gemm-rows: expects comma-separated counts, got \"x\""), std::string::npos) << bad.out;
 }
 
+// dsv41 chat: each turn renders the whole history, so the second turn finds the first turn's prompt
+// in the prefix cache; /reset starts over; Ctrl-C stops the answer being written (twice here) and
+// the program takes the next message, then leaves cleanly.
+TEST(CliChat, TurnsReuseTheCacheAndCtrlCStopsOnlyTheAnswer) {
+  const std::string first =
+      "Hello there, this is a long first message that takes more than sixty four tokens once the chat template "
+      "has rendered it and the tiny tokenizer has split it, so the prefix cache keeps at least one block of it.";
+  test::TempDir dir;
+  const std::string turns = dir / "turns.txt";
+  std::ofstream(turns) << first << "\nsecond\n/reset\n/bogus\nthird\n";
+  const auto r = test::run_dsv41("chat -m " + test::tiny_model_dir() + " --max-tokens 4 < '" + turns + "'");
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::vector<long> cached;
+  for (size_t at = r.out.find(" cached, "); at != std::string::npos; at = r.out.find(" cached, ", at + 1)) {
+    const size_t comma = r.out.rfind(", ", at - 1);
+    cached.push_back(std::stol(r.out.substr(comma + 2, at - comma - 2)));
+  }
+  ASSERT_EQ(cached.size(), 3u) << r.out;
+  EXPECT_EQ(cached[0], 0);
+  EXPECT_GE(cached[1], 64) << "the second turn did not reuse the first turn's prompt";
+  EXPECT_NE(r.out.find("[new conversation]"), std::string::npos);
+  EXPECT_NE(r.out.find("[unknown command /bogus"), std::string::npos);
+
+  // Ctrl-C during a long answer: that answer stops, the next message is answered, the exit is clean
+  const std::string fifo = dir / "in", out = dir / "out";
+  // (the script goes to popen's shell inside double quotes: its own $ must be escaped)
+  const std::string script = "mkfifo '" + fifo + "'; '" + std::string(DSV41_BINARY) + "' chat -m '" + test::tiny_model_dir() +
+                             "' --max-tokens 3000 --ignore-eos --thinking off < '" + fifo + "' > '" + out +
+                             "' 2>&1 & p=\\$!; exec 3>'" + fifo + "'; echo first >&3; while [ ! -s '" + out + "' ]; do sleep 0.05; done; "
+                             "sleep 0.3; kill -INT \\$p; sleep 0.3; echo second >&3; sleep 0.8; kill -INT \\$p; sleep 0.3; "
+                             "echo /exit >&3; wait \\$p; echo rc=\\$?";
+  FILE* sh = popen(("/bin/sh -c \"" + script + "\"").c_str(), "r");
+  ASSERT_NE(sh, nullptr);
+  std::string rc;
+  char buf[256];
+  while (std::fgets(buf, sizeof buf, sh) != nullptr) rc += buf;
+  pclose(sh);
+  std::ifstream f(out);
+  const std::string text((std::istreambuf_iterator<char>(f)), {});
+  EXPECT_NE(rc.find("rc=0"), std::string::npos) << rc << text;
+  std::vector<long> generated;
+  for (size_t at = text.find(" generated, "); at != std::string::npos; at = text.find(" generated, ", at + 1)) {
+    const size_t comma = text.rfind(", ", at - 1);
+    generated.push_back(std::stol(text.substr(comma + 2, at - comma - 2)));
+  }
+  ASSERT_EQ(generated.size(), 2u) << "both messages were answered: " << text.substr(text.size() > 2000 ? text.size() - 2000 : 0);
+  size_t stopped = 0;
+  for (size_t at = text.find("[stopped]"); at != std::string::npos; at = text.find("[stopped]", at + 1)) ++stopped;
+  EXPECT_EQ(stopped, 2u) << "each Ctrl-C stopped the answer being written";
+  for (long g : generated) {
+    EXPECT_GT(g, 0);
+    EXPECT_LT(g, 3000) << "an answer ran to its end through a Ctrl-C";
+  }
+}
+
 }  // namespace
 }  // namespace dsv41

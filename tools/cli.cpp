@@ -1,6 +1,8 @@
 #include "cli.h"
 
 #include <charconv>
+#include <cmath>
+#include <stdexcept>
 
 #include "util/error.h"
 
@@ -73,6 +75,21 @@ uint64_t Args::get_u64(const std::string& flag, uint64_t fallback) const {
   if (ec != std::errc() || end != s.data() + s.size()) {
     fail(flag, "expects a non-negative integer, got \"" + s + "\"");
   }
+  return v;
+}
+
+double Args::get_number(const std::string& flag, double fallback) const {
+  auto it = values_.find(flag);
+  if (it == values_.end()) return fallback;
+  const std::string& s = it->second;
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != s.size() || !std::isfinite(v)) fail(flag, "expects a number, got \"" + s + "\"");
   return v;
 }
 

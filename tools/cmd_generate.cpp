@@ -77,18 +77,6 @@ std::vector<int32_t> parse_ids(const std::string& flag, const std::string& text)
   return ids;
 }
 
-double parse_number(const std::string& flag, const std::string& text) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size()) fail(flag, "expects a number, got \"" + text + "\"");
-  return v;
-}
-
 // Measured bytes per token of the global state classes: the packed rows the sequence holds over its
 // length (page slack excluded), and their sum.
 nlohmann::json state_bytes_per_token(const SequenceState& st, int64_t length) {
@@ -137,8 +125,8 @@ int run_generate(int argc, char** argv) {
   if (keys != "owner" && keys != "reference") fail("--index-keys", "must be owner or reference, got \"" + keys + "\"");
   so.index_keys = keys == "reference" ? IndexKeysMode::Reference : IndexKeysMode::Owner;
   SamplingParams sp;
-  sp.temperature = parse_number("--temp", args.get("--temp", "0"));
-  sp.top_p = parse_number("--top-p", args.get("--top-p", "1"));
+  sp.temperature = args.get_number("--temp", 0);
+  sp.top_p = args.get_number("--top-p", 1);
   sp.seed = args.get_u64("--seed", 0);
   Sampler sampler(sp);
   const bool teacher = args.has("--teacher-ids");

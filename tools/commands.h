@@ -11,5 +11,6 @@ int run_generate(int argc, char** argv);
 int run_logits_diff(int argc, char** argv);
 int run_bench(int argc, char** argv);
 int run_serve(int argc, char** argv);
+int run_chat(int argc, char** argv);
 
 }  // namespace dsv41::cli

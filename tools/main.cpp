@@ -24,6 +24,7 @@ commands:
   logits-diff A B [--json]                      compare two --dump-logits files (max diff, KL, top-1)
   bench -m DIR [--scenario engram] [--json]     measure the engine on a model
   serve -m DIR [--host H] [--port N]            the OpenAI-compatible HTTP server
+  chat -m DIR                                   an interactive conversation in the terminal
 
 'dsv41 <command> --help' describes a command.
 )";
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
     if (command == "logits-diff") return dsv41::cli::run_logits_diff(argc - 2, argv + 2);
     if (command == "bench") return dsv41::cli::run_bench(argc - 2, argv + 2);
     if (command == "serve") return dsv41::cli::run_serve(argc - 2, argv + 2);
+    if (command == "chat") return dsv41::cli::run_chat(argc - 2, argv + 2);
     std::fprintf(stderr, "dsv41: unknown command '%s'\n\n%s", command.c_str(), kUsage);
     return 2;
   } catch (const dsv41::Error& e) {

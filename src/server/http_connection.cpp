@@ -138,7 +138,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
 // Held by the handler and by the engine's sink, possibly past the connection and the server: it
 // keeps only weak references, and reaches the connection's strand only while the gate is open (the
 // I/O context alive), never holding an executor of its own that would outlive it.
-struct Connection::Exchange : HttpExchange {
+// Each posted call holds its exchange, so the address it is matched by (is it still the connection's
+// current exchange?) cannot be reused by a later exchange while the call waits.
+struct Connection::Exchange : HttpExchange, std::enable_shared_from_this<Exchange> {
   std::weak_ptr<Connection> conn;
   std::shared_ptr<PostGate> gate;
 
@@ -148,30 +150,30 @@ struct Connection::Exchange : HttpExchange {
     if (!gate->open) return;
     const std::shared_ptr<Connection> c = conn.lock();
     if (!c) return;
-    net::post(c->stream_.get_executor(), [w = conn, f = std::move(f)]() mutable {
-      if (auto alive = w.lock()) f(*alive);
+    net::post(c->stream_.get_executor(), [w = conn, self = shared_from_this(), f = std::move(f)]() mutable {
+      if (auto alive = w.lock()) f(*alive, self.get());
     });
   }
   void reply(HttpReply r) override {
-    on_strand([this_ = this, r = std::move(r)](Connection& c) mutable { c.reply(this_, std::move(r)); });
+    on_strand([r = std::move(r)](Connection& c, const Exchange* ex) mutable { c.reply(ex, std::move(r)); });
   }
   void start_stream(int status, std::string type, Headers headers, std::string idle_text,
                     std::chrono::milliseconds idle_every) override {
-    on_strand([=, this_ = this](Connection& c) mutable {
-      c.start_stream(this_, status, std::move(type), std::move(headers), std::move(idle_text), idle_every);
+    on_strand([=](Connection& c, const Exchange* ex) mutable {
+      c.start_stream(ex, status, std::move(type), std::move(headers), std::move(idle_text), idle_every);
     });
   }
   void send(std::string data) override {
-    on_strand([this_ = this, d = std::move(data)](Connection& c) mutable { c.send(this_, std::move(d)); });
+    on_strand([d = std::move(data)](Connection& c, const Exchange* ex) mutable { c.send(ex, std::move(d)); });
   }
   void finish() override {
-    on_strand([this_ = this](Connection& c) { c.finish(this_); });
+    on_strand([](Connection& c, const Exchange* ex) { c.finish(ex); });
   }
   void on_gone(std::function<void()> fn) override {
-    on_strand([this_ = this, fn = std::move(fn)](Connection& c) mutable { c.on_gone(this_, std::move(fn)); });
+    on_strand([fn = std::move(fn)](Connection& c, const Exchange* ex) mutable { c.on_gone(ex, std::move(fn)); });
   }
   void after(std::chrono::milliseconds delay, std::function<void()> fn) override {
-    on_strand([this_ = this, delay, fn = std::move(fn)](Connection& c) mutable { c.after(this_, delay, std::move(fn)); });
+    on_strand([delay, fn = std::move(fn)](Connection& c, const Exchange* ex) mutable { c.after(ex, delay, std::move(fn)); });
   }
 };
 

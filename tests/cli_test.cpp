@@ -498,5 +498,30 @@ TEST(CliChat, TurnsReuseTheCacheAndCtrlCStopsOnlyTheAnswer) {
   }
 }
 
+// serve's access flags are checked before the model loads, each error naming its flag.
+TEST(CliServe, AccessFlagsAreValidated) {
+  test::TempDir dir;
+  const std::string m = "serve -m " + test::tiny_model_dir() + " --port 0 ";
+  const std::string empty_key = dir / "empty.key";
+  std::ofstream(empty_key) << "  \n";
+  const std::pair<std::string, std::string> cases[] = {
+      {"--served-model-name ''", "--served-model-name: needs at least one name"},
+      {"--served-model-name 'a,,b'", "--served-model-name: has an empty name"},
+      {"--served-model-name 'a b'", "--served-model-name: names must be printable ASCII without spaces"},
+      {"--cors-origins ','", "--cors-origins: has an empty name"},
+      {"--api-key-file '" + (dir / "missing.key") + "'", "cannot read the API key file"},
+      {"--api-key-file '" + empty_key + "'", "the API key file's first line is empty"},
+      {"--api-key k --api-key-file '" + empty_key + "'", "--api-key-file: give --api-key or --api-key-file, not both"},
+      {"--api-key ''", "--api-key: the key is empty"},
+      {"--max-connections 0", "--max-connections"},
+      {"--request-timeout -1", "--request-timeout"},
+  };
+  for (const auto& [flags, message] : cases) {
+    const auto r = test::run_dsv41(m + flags);
+    EXPECT_EQ(r.status, 1) << flags << ": " << r.out;
+    EXPECT_NE(r.out.find(message), std::string::npos) << flags << ": " << r.out;
+  }
+}
+
 }  // namespace
 }  // namespace dsv41

@@ -183,17 +183,8 @@ Reply call(int port, const std::string& method, const std::string& path, const s
            const httplib::Headers& headers) {
   httplib::Client cli("127.0.0.1", port);
   cli.set_read_timeout(std::chrono::seconds(60));
-  httplib::Result res = method == "GET" ? cli.Get(path.c_str(), headers)
-                                        : cli.Post(path.c_str(), headers, body, "application/json");
-  Reply r;
-  if (!res) {
-    r.error = httplib::to_string(res.error());
-    return r;
-  }
-  r.status = res->status;
-  r.raw = res->body;
-  r.body = json::parse(res->body, nullptr, false);
-  return r;
+  return reply_of(method == "GET" ? cli.Get(path.c_str(), headers)
+                                  : cli.Post(path.c_str(), headers, body, "application/json"));
 }
 
 TEST(ServerAccess, KeyNamesAndTokenRoutesThroughTheServer) {

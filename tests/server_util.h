@@ -71,14 +71,8 @@ struct Reply {
   std::string error;  // why there is no response
 };
 
-inline Reply request(int port, const std::string& method, const std::string& path, const std::string& body = "") {
-  httplib::Client cli("127.0.0.1", port);
-  cli.set_read_timeout(std::chrono::seconds(60));
-  httplib::Result res = method == "GET"      ? cli.Get(path.c_str())
-                        : method == "DELETE" ? cli.Delete(path.c_str())
-                        : method == "PATCH"  ? cli.Patch(path.c_str())
-                        : method == "PUT"    ? cli.Put(path.c_str(), body, "application/json")
-                                             : cli.Post(path.c_str(), body, "application/json");
+// What a client call returned: the response, or why there is none.
+inline Reply reply_of(const httplib::Result& res) {
   Reply r;
   if (!res) {
     r.error = httplib::to_string(res.error());
@@ -88,6 +82,17 @@ inline Reply request(int port, const std::string& method, const std::string& pat
   r.raw = res->body;
   r.body = json::parse(res->body, nullptr, false);
   return r;
+}
+
+inline Reply request(int port, const std::string& method, const std::string& path, const std::string& body = "") {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(std::chrono::seconds(60));
+  httplib::Result res = method == "GET"      ? cli.Get(path.c_str())
+                        : method == "DELETE" ? cli.Delete(path.c_str())
+                        : method == "PATCH"  ? cli.Patch(path.c_str())
+                        : method == "PUT"    ? cli.Put(path.c_str(), body, "application/json")
+                                             : cli.Post(path.c_str(), body, "application/json");
+  return reply_of(res);
 }
 
 inline Reply post(int port, const std::string& path, const json& body) { return request(port, "POST", path, body.dump()); }

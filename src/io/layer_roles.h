@@ -18,6 +18,12 @@ enum class AttnRole {
 };
 const char* role_name(AttnRole role);  // "swa", "full", "reindex", "reuse"
 
+// Which index keys a KV source's indexer scores at a step where that source emitted no row.
+enum class IndexKeysMode {
+  Owner,      // every KV source scores its own keys at every step (dsv41's default; decode = prefill)
+  Reference,  // as shipped: a source that emitted no row this call scores the last published keys
+};
+
 struct LayerRole {
   int layer = 0;          // 0.. n_layers-1 backbone, n_layers.. DSpark blocks
   bool dspark = false;    // an mtp.* block

@@ -17,7 +17,7 @@
 #include "kernels/backend.h"
 #include "model/forward_context.h"
 #include "io/layer_roles.h"
-#include "model/sequence_state.h"
+#include "state/sequence_state.h"
 #include "model/weights.h"
 
 namespace dsv41 {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "model/model.h"
-#include "model/sequence_state.h"
+#include "state/sequence_state.h"
 #include "model/token_picker.h"
 
 namespace dsv41 {

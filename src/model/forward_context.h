@@ -12,11 +12,6 @@
 
 namespace dsv41 {
 
-enum class IndexKeysMode {
-  Owner,      // every KV source scores its own keys at every step (dsv41's default; decode = prefill)
-  Reference,  // as shipped: a source that emitted no row this call scores the last published keys
-};
-
 // What an index source computed, kept for tests and debugging (ForwardOptions::capture_index).
 struct IndexCapture {
   int64_t n_keys = 0;             // compressed rows scored per query

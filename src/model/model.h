@@ -15,7 +15,7 @@
 #include "kernels/backend.h"
 #include "model/engram.h"
 #include "model/forward_context.h"
-#include "model/sequence_state.h"
+#include "state/sequence_state.h"
 #include "model/weights.h"
 
 namespace dsv41 {

@@ -4,27 +4,11 @@
 #include <cstring>
 
 #include "state/disk_cache.h"
+#include "state/sequence_snapshot.h"
 #include "numeric/row_codecs.h"
 #include "util/error.h"
 
 namespace dsv41 {
-
-
-// The short-lived state at a block boundary, kept only in exact mode.
-struct PrefixCache::Snapshot {
-  std::vector<std::vector<uint8_t>> window;  // per layer, packed ring
-  std::vector<int64_t> window_from;
-  std::vector<std::vector<float>> tail_kv, tail_score;  // per layer (ratio > 1 sources)
-  std::vector<int64_t> engram_recent;
-  int last_index_keys_layer = -1;
-  size_t bytes() const {
-    size_t n = window_from.size() * 8 + engram_recent.size() * 8;
-    for (const auto& w : window) n += w.size();
-    for (const auto& t : tail_kv) n += t.size() * 4;
-    for (const auto& t : tail_score) n += t.size() * 4;
-    return n;
-  }
-};
 
 namespace {
 
@@ -97,41 +81,13 @@ void PrefixCache::release(Block& b) {
   b.key_pages.clear();
 }
 
-std::shared_ptr<const PrefixCache::Snapshot> PrefixCache::snapshot_of(const SequenceState& st) const {
-  auto s = std::make_shared<Snapshot>();
-  s->window = st.window;
-  s->window_from = st.window_from;
-  s->tail_kv.resize(st.sources.size());
-  s->tail_score.resize(st.sources.size());
-  for (int l : sources_) {
-    s->tail_kv[l] = st.sources[l]->tail_kv;
-    s->tail_score[l] = st.sources[l]->tail_score;
-  }
-  s->engram_recent = st.engram_recent;
-  s->last_index_keys_layer = st.last_index_keys_layer;
-  return s;
-}
-
-void PrefixCache::apply(const Snapshot& s, SequenceState& st) const {
-  st.window = s.window;
-  st.window_from = s.window_from;
-  for (int l : sources_) {
-    st.sources[l]->tail_kv = s.tail_kv[l];
-    st.sources[l]->tail_score = s.tail_score[l];
-  }
-  st.engram_recent = s.engram_recent;
-  st.last_index_keys_layer = s.last_index_keys_layer;
-}
-
 void PrefixCache::replay(const std::vector<int32_t>& prompt, int64_t boundary, SequenceState& st, int64_t tail_start,
                          CacheHit& hit) const {
   // Re-run the last `window` tokens before the boundary: enough to refill every window ring, and
   // nothing older can be reached by a window. The global rows of these positions are read only.
   const int64_t replayed = std::min<int64_t>(model_.config().window_size, boundary), start = boundary - replayed;
-  st.length = start;
-  std::fill(st.window_from.begin(), st.window_from.end(), start);
-  st.engram_recent = model_.engram_history(std::vector<int32_t>(prompt.begin(), prompt.begin() + start));
-  st.last_index_keys_layer = sources_.empty() ? -1 : sources_.back();
+  rewind_for_replay(st, start, model_.engram_history(std::vector<int32_t>(prompt.begin(), prompt.begin() + start)),
+                    sources_.empty() ? -1 : sources_.back());
   ForwardOptions opt;
   opt.replay = true;
   opt.index_keys = index_keys_;
@@ -175,7 +131,7 @@ CacheHit PrefixCache::restore(const std::vector<int32_t>& prompt, SequenceState&
   m.nodes.resize(static_cast<size_t>(blocks));
   tree_.touch(m, ++clock_);
   if (mode_ == CacheMode::Exact) {
-    apply(*blocks_.at(m.path.back()).snapshot, st);
+    blocks_.at(m.path.back()).snapshot->apply_to(st);
   } else {
     replay(prompt, boundary, st, tail_start, hit);
   }
@@ -239,7 +195,7 @@ bool PrefixCache::restore_entry(const std::vector<int32_t>& prompt, const std::s
   }
   st.length = best_tokens;
   if (mode_ == CacheMode::Exact) {
-    Snapshot s;
+    ShortState s;
     const size_t layers = st.window.size();
     s.window.resize(layers);
     s.tail_kv.resize(layers);
@@ -262,7 +218,7 @@ bool PrefixCache::restore_entry(const std::vector<int32_t>& prompt, const std::s
     for (const auto& w : s.window) ok = ok && (w.empty() || static_cast<int64_t>(w.size()) == ring);
     if (!ok) return reject("its window snapshot does not fit this model");
     std::memcpy(&s.last_index_keys_layer, keys->bytes.data(), 4);
-    apply(s, st);
+    s.apply_to(st);
   } else {
     replay(prompt, best_tokens, st, -1, hit);
   }
@@ -278,7 +234,8 @@ uint64_t PrefixCache::store(const std::vector<int32_t>& tokens, const SequenceSt
     fail("prefix cache", "stores whole blocks of " + std::to_string(kTokensPerPage) + " tokens at the sequence's end");
   }
   const int64_t blocks = n / kTokensPerPage;
-  std::shared_ptr<const Snapshot> snap = mode_ == CacheMode::Exact ? snapshot_of(st) : nullptr;
+  std::shared_ptr<const ShortState> snap =
+      mode_ == CacheMode::Exact ? std::make_shared<const ShortState>(ShortState::of(st)) : nullptr;
   tree_.insert(
       tokens, blocks,
       [&](int64_t k) {

@@ -23,10 +23,10 @@
 #include "runtime/cache_mode.h"
 #include "state/cache_folder.h"
 #include "state/prefix_tree.h"
+#include "state/sequence_snapshot.h"
 #include "state/state_pools.h"
 
 namespace dsv41 {
-
 
 struct CacheHit {
   int64_t cached_tokens = 0;    // prompt tokens whose state came from the cache
@@ -72,15 +72,12 @@ class PrefixCache {
   CacheFolder::Stats disk_stats() const { return disk_ ? disk_->stats() : CacheFolder::Stats{}; }
 
  private:
-  struct Snapshot;
   struct Block {
     std::vector<int32_t> main_pages, key_pages;  // one page per KV source, in source order
-    std::shared_ptr<const Snapshot> snapshot;    // exact mode: the state at this block's end
+    std::shared_ptr<const ShortState> snapshot;  // exact mode: the short-lived state at this block's end
     size_t bytes = 0;
   };
   void release(Block& block);
-  std::shared_ptr<const Snapshot> snapshot_of(const SequenceState& state) const;
-  void apply(const Snapshot& snap, SequenceState& state) const;
   void replay(const std::vector<int32_t>& prompt, int64_t boundary, SequenceState& state, int64_t tail_start,
               CacheHit& hit) const;
   bool restore_from_disk(const std::vector<int32_t>& prompt, int64_t better_than, SequenceState& state, CacheHit& hit);

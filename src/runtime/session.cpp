@@ -64,35 +64,83 @@ std::vector<float> Session::prefill(const std::vector<int32_t>& tokens,
 }
 
 std::vector<float> Session::decode(int32_t token) {
-  ForwardOptions opt;
-  opt.index_keys = options_.index_keys;
-  opt.dspark_taps = static_cast<bool>(observer_);
-  ForwardResult r = model_.forward(state_, {token}, opt);
-  history_.push_back(token);
-  if (observer_) observer_(state_, r, state_.length - 1, 1);
-  return std::move(r.logits);
+  plan_decode(token);
+  run_planned({this});
+  return std::move(result_.logits);
 }
 
 std::vector<std::vector<float>> Session::decode_batch(const std::vector<Session*>& sessions,
                                                       const std::vector<int32_t>& tokens) {
-  if (sessions.empty()) return {};
-  bool plain = sessions.size() == 1;
-  for (Session* s : sessions) {
-    // sessions that observe every forward (a drafter) or use another model or key mode go one by one
-    plain = plain || s->observer_ || &s->model_ != &sessions[0]->model_ ||
-            s->options_.index_keys != sessions[0]->options_.index_keys || s->prefill_pending();
-  }
-  if (plain) {
-    std::vector<std::vector<float>> out;
-    for (size_t i = 0; i < sessions.size(); ++i) out.push_back(sessions[i]->decode(tokens[i]));
-    return out;
-  }
-  std::vector<SequenceState*> states;
-  for (Session* s : sessions) states.push_back(&s->state_);
-  std::vector<std::vector<float>> out =
-      sessions[0]->model_.decode_batch(states, tokens, sessions[0]->options_.index_keys);
-  for (size_t i = 0; i < sessions.size(); ++i) sessions[i]->history_.push_back(tokens[i]);
+  if (sessions.size() != tokens.size()) fail("decode_batch", "needs one token per session");
+  for (size_t i = 0; i < sessions.size(); ++i) sessions[i]->plan_decode(tokens[i]);
+  run_planned(sessions);
+  std::vector<std::vector<float>> out;
+  for (Session* s : sessions) out.push_back(std::move(s->result_.logits));
   return out;
+}
+
+void Session::plan_decode(int32_t token) {
+  if (prefill_pending()) fail("decode", "the prompt is still being prefilled");
+  if (planned_ == Planned::Verify) fail("decode", "a verification is planned and not yet run");
+  planned_ = Planned::Decode;
+  planned_tokens_ = {token};
+}
+
+void Session::plan_verify(std::vector<int32_t> run) {
+  if (prefill_pending()) fail("speculative", "the prompt is still being prefilled");
+  if (planned_ == Planned::Verify) fail("speculative", "a verification is planned and not yet run");
+  if (run.empty()) fail("speculative", "nothing to verify");
+  checkpoint_ = VerifyCheckpoint(model_.config(), state_, static_cast<int64_t>(run.size()));
+  planned_ = Planned::Verify;
+  planned_tokens_ = std::move(run);
+}
+
+void Session::run_planned(const std::vector<Session*>& sessions) {
+  if (sessions.empty()) return;
+  std::vector<ForwardCall> calls;
+  for (Session* s : sessions) {
+    if (s->planned_ != Planned::Decode && s->planned_ != Planned::Verify) fail("session", "nothing planned to run");
+    if (&s->model_ != &sessions[0]->model_) fail("session", "sessions of different models cannot share a forward");
+    ForwardOptions opt;
+    opt.index_keys = s->options_.index_keys;
+    opt.dspark_taps = static_cast<bool>(s->observer_);
+    if (s->planned_ == Planned::Verify) {
+      opt.all_logits = true;
+      opt.record_compressor_rows = true;
+    }
+    calls.push_back({&s->state_, s->planned_tokens_, opt});
+  }
+  std::vector<ForwardResult> results;
+  try {
+    results = sessions[0]->model_.forward(calls);
+  } catch (...) {
+    // the forward may have advanced some states part way: nothing planned stays pending, and the
+    // sessions are not to be run again (the caller fails their requests)
+    for (Session* s : sessions) s->planned_ = Planned::None;
+    throw;
+  }
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    Session& s = *sessions[i];
+    s.result_ = std::move(results[i]);
+    if (s.planned_ == Planned::Decode) {
+      s.history_.push_back(s.planned_tokens_[0]);
+      if (s.observer_) s.observer_(s.state_, s.result_, s.state_.length - 1, 1);
+      s.planned_ = Planned::None;
+    } else {
+      s.planned_ = Planned::Verified;
+    }
+  }
+}
+
+void Session::keep_verified(int64_t n) {
+  if (planned_ != Planned::Verified) fail("speculative", "no verification has run");
+  const int64_t first = checkpoint_.first();
+  if (n < 1 || n > static_cast<int64_t>(planned_tokens_.size())) fail("speculative", "kept tokens outside the verified ones");
+  history_.insert(history_.end(), planned_tokens_.begin(), planned_tokens_.begin() + n);
+  checkpoint_.roll_back(state_, first + n, result_.compressor_kv, result_.compressor_score,
+                        model_.engram_history(history_));
+  if (observer_) observer_(state_, result_, first, n);
+  planned_ = Planned::None;
 }
 
 }  // namespace dsv41

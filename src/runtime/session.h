@@ -10,11 +10,11 @@
 
 #include "model/model.h"
 #include "runtime/prefix_cache.h"
+#include "runtime/sequence_options.h"
+#include "state/sequence_snapshot.h"
 #include "state/state_pools.h"
 
 namespace dsv41 {
-
-enum class PrefillMode { Exact, Tail };
 
 constexpr int64_t kDefaultPrefillChunk = 512;
 
@@ -48,10 +48,23 @@ class Session {
 
   // Appends one token and returns the logits that predict the next.
   std::vector<float> decode(int32_t token);
-  // decode() for several sessions of one model in one step (Model::decode_batch): the same logits,
-  // with every projection's and expert's weights read once for all of them.
+  // decode() for several sessions of one model in one step: the same logits, with every projection's
+  // and expert's weights read once for all of them.
   static std::vector<std::vector<float>> decode_batch(const std::vector<Session*>& sessions,
                                                       const std::vector<int32_t>& tokens);
+
+  // A step planned per session and run for several in one forward (what decode_batch does, open to a
+  // scheduler that mixes plain decodes with speculative verifications): each session plans one
+  // thing, run_planned runs them all in one Model::forward, and each then reads its result.
+  //  - plan_decode(token): appends the token (the result's logits predict the next one);
+  //  - plan_verify(run): runs `run` (the newest token, then drafts) with every row's logits, keeping
+  //    a checkpoint; keep_verified(n) then keeps run[0..n) and rolls every kind of state back to
+  //    exactly what running only those would have left.
+  void plan_decode(int32_t token);
+  void plan_verify(std::vector<int32_t> run);
+  static void run_planned(const std::vector<Session*>& sessions);
+  const ForwardResult& planned_result() const { return result_; }
+  void keep_verified(int64_t n);
 
   int64_t position() const { return state_.length; }
   // Called after every target forward of this session with its result and the positions it ran.
@@ -59,9 +72,6 @@ class Session {
   void set_observer(Observer observer) { observer_ = std::move(observer); }
   // Every token the session has run, in order (the prompt, then decoded tokens).
   const std::vector<int32_t>& history() const { return history_; }
-  // For speculative decoding, which runs and rolls back the state itself.
-  SequenceState& mutable_state() { return state_; }
-  std::vector<int32_t>& mutable_history() { return history_; }
   const SessionOptions& options() const { return options_; }
   const CacheHit& cache_hit() const { return hit_; }           // what the last prefill got from the cache
   uint64_t cache_bytes_written() const { return disk_bytes_; }  // by the last prefill's store
@@ -76,6 +86,11 @@ class Session {
   PrefixCache* cache_ = nullptr;
   Observer observer_;
   std::vector<int32_t> history_;
+  // the planned step (plan_decode / plan_verify), its result and the verification's checkpoint
+  enum class Planned { None, Decode, Verify, Verified } planned_ = Planned::None;
+  std::vector<int32_t> planned_tokens_;
+  ForwardResult result_;
+  VerifyCheckpoint checkpoint_;
   // the prompt being prefilled step by step
   std::vector<int32_t> pending_;
   int64_t pending_done_ = 0, pending_origin_ = 0, store_at_ = -1;

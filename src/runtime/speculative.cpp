@@ -2,9 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
-#include "numeric/row_codecs.h"
 #include "util/error.h"
 
 namespace dsv41 {
@@ -33,12 +31,40 @@ int accept_drafts(const std::vector<std::vector<double>>& target, const std::vec
   return static_cast<int>(K);
 }
 
+AcceptanceGuard::AcceptanceGuard(AcceptanceGuardOptions options)
+    : options_(options), next_pause_(options.pause_steps) {
+  if (options_.window < 1 || options_.pause_steps < 1 || options_.max_pause_steps < options_.pause_steps) {
+    fail("acceptance guard", "needs window >= 1 and 1 <= pause_steps <= max_pause_steps");
+  }
+}
+
+void AcceptanceGuard::verified(int64_t tokens) {
+  if (!options_.enabled) return;
+  ++steps_;
+  tokens_ += tokens;
+  if (steps_ < options_.window) return;
+  const double per_step = static_cast<double>(tokens_) / static_cast<double>(steps_);
+  steps_ = 0;
+  tokens_ = 0;
+  if (per_step >= options_.min_tokens_per_step) {
+    next_pause_ = options_.pause_steps;  // it pays again: a later failure starts from the first pause
+    return;
+  }
+  paused_left_ = next_pause_;
+  next_pause_ = std::min(next_pause_ * 2, options_.max_pause_steps);
+  ++pauses_;
+}
+
+void AcceptanceGuard::plain_step() {
+  if (paused_left_ > 0) --paused_left_;
+}
+
 SpeculativeDecoder::SpeculativeDecoder(Session& session, const Drafter& drafter, Sampler& sampler,
                                        SpeculativeOptions options)
     : session_(session), drafter_(drafter), sampler_(sampler),
       // the drafter samples with the target's settings from a stream of its own
       draft_sampler_(SamplingParams{sampler.params().temperature, sampler.params().top_p, sampler.params().seed ^ 0x5eedu}),
-      options_(std::move(options)) {
+      options_(std::move(options)), guard_(options_.guard) {
   if (options_.fixed_length < 0 || options_.fixed_length > drafter.block_size()) {
     fail("--draft-length", "must be between 1 and the DSpark block size " + std::to_string(drafter.block_size()));
   }
@@ -63,104 +89,65 @@ int SpeculativeDecoder::choose_length(const std::vector<float>& confidence) cons
 }
 
 SpeculativeDecoder::Step SpeculativeDecoder::step(int32_t next) {
-  const Model& model = session_.model();
-  const ModelConfig& c = model.config();
-  SequenceState& st = session_.mutable_state();
-  const int64_t p1 = st.length, V = c.vocab_size, W = c.window_size;
+  plan(next, drafter_.block_size());
+  Session::run_planned({&session_});
+  return finish();
+}
 
-  Draft d = drafter_.draft(st, next, draft_sampler_);
-  const int K0 = choose_length(d.confidence);
-  std::vector<int32_t> proposals(d.tokens.begin(), d.tokens.begin() + K0);
-  std::vector<std::vector<double>> q(static_cast<size_t>(K0));
-  for (int j = 0; j < K0; ++j) q[j] = draft_sampler_.distribution(&d.logits[j * V], V);
+void SpeculativeDecoder::plan(int32_t next, int max_drafts) {
+  verifying_ = max_drafts >= 1 && guard_.drafting();
+  if (!verifying_) {
+    session_.plan_decode(next);
+    return;
+  }
+  const int64_t V = session_.model().config().vocab_size;
+  Draft d = drafter_.draft(session_.state(), next, draft_sampler_);
+  const int K0 = std::min(choose_length(d.confidence), max_drafts);
+  proposals_.assign(d.tokens.begin(), d.tokens.begin() + K0);
+  q_.assign(static_cast<size_t>(K0), {});
+  for (int j = 0; j < K0; ++j) q_[j] = draft_sampler_.distribution(&d.logits[j * V], V);
   if (options_.force_drafts) {
-    proposals = options_.force_drafts(p1, proposals);
-    if (proposals.size() > static_cast<size_t>(drafter_.block_size())) fail("speculative", "too many forced drafts");
-    q.assign(proposals.size(), std::vector<double>(static_cast<size_t>(V), 0.0));
-    for (size_t j = 0; j < proposals.size(); ++j) q[j][static_cast<size_t>(proposals[j])] = 1.0;  // drawn with certainty
-  }
-  const int64_t K = static_cast<int64_t>(proposals.size());
-
-  // what the verify forward overwrites and a rollback must put back
-  const int64_t wrb = window_row_bytes(c.head_dim);
-  std::vector<std::vector<uint8_t>> saved_slots(static_cast<size_t>(c.n_layers));
-  for (int l = 0; l < c.n_layers; ++l) {
-    if (st.window[l].empty()) continue;
-    for (int64_t pos = p1; pos <= p1 + K; ++pos) {
-      const uint8_t* slot = &st.window[l][(pos % W) * wrb];
-      saved_slots[l].insert(saved_slots[l].end(), slot, slot + wrb);
+    proposals_ = options_.force_drafts(session_.position(), proposals_);
+    if (proposals_.size() > static_cast<size_t>(std::min(max_drafts, drafter_.block_size()))) {
+      proposals_.resize(static_cast<size_t>(std::min(max_drafts, drafter_.block_size())));
     }
+    q_.assign(proposals_.size(), std::vector<double>(static_cast<size_t>(V), 0.0));
+    for (size_t j = 0; j < proposals_.size(); ++j) q_[j][static_cast<size_t>(proposals_[j])] = 1.0;  // drawn with certainty
   }
-  std::vector<std::vector<float>> saved_tail_kv(st.sources.size()), saved_tail_score(st.sources.size());
-  for (size_t l = 0; l < st.sources.size(); ++l) {
-    if (!st.sources[l]) continue;
-    saved_tail_kv[l] = st.sources[l]->tail_kv;
-    saved_tail_score[l] = st.sources[l]->tail_score;
-  }
-  const int saved_keys_layer = st.last_index_keys_layer;
-
-  // verify every proposal in one target forward
   std::vector<int32_t> run = {next};
-  run.insert(run.end(), proposals.begin(), proposals.end());
-  ForwardOptions opt;
-  opt.all_logits = true;
-  opt.record_compressor_rows = true;
-  opt.dspark_taps = true;
-  opt.index_keys = session_.options().index_keys;
-  ForwardResult r = model.forward(st, run, opt);
-  ++stats_.target_forwards;
+  run.insert(run.end(), proposals_.begin(), proposals_.end());
+  session_.plan_verify(std::move(run));
+}
 
+SpeculativeDecoder::Step SpeculativeDecoder::finish() {
+  const int64_t V = session_.model().config().vocab_size;
+  const ForwardResult& r = session_.planned_result();
+  Step out;
+  if (!verifying_) {  // a plain step: the target's own token
+    out.tokens.push_back(sampler_.sample(r.logits.data(), V));
+    out.rows = r.logits;
+    ++stats_.plain_steps;
+    guard_.plain_step();
+    return out;
+  }
+  const int64_t K = static_cast<int64_t>(proposals_.size());
   std::vector<std::vector<double>> p(static_cast<size_t>(K + 1));
   for (int64_t j = 0; j <= K; ++j) p[j] = sampler_.distribution(&r.logits[j * V], V);
   int32_t extra = 0;
-  const int64_t a = accept_drafts(p, q, proposals, sampler_, extra);
-  const int64_t kept = p1 + 1 + a;  // `next` and the accepted drafts
-
-  // roll back the rejected positions: window slots, compressed rows and keys, compressor tails, the
-  // last key publisher, the n-gram history
-  for (int l = 0; l < c.n_layers; ++l) {
-    if (saved_slots[l].empty()) continue;
-    for (int64_t pos = kept; pos <= p1 + K; ++pos) {
-      std::memcpy(&st.window[l][(pos % W) * wrb], &saved_slots[l][(pos - p1) * wrb], static_cast<size_t>(wrb));
-    }
-  }
-  int keys_layer = saved_keys_layer;
-  for (size_t l = 0; l < st.sources.size(); ++l) {
-    KvSourceState* src = st.sources[l].get();
-    if (!src) continue;
-    const int64_t ratio = c.compress_ratios[l], D = c.head_dim;
-    src->compressed.truncate(kept / ratio);
-    src->index_keys.truncate(kept / ratio);
-    if (kept / ratio > p1 / ratio) keys_layer = static_cast<int>(l);  // emitted a row within the kept part
-    if (ratio > 1 && !r.compressor_kv[l].empty()) {
-      src->tail_kv = saved_tail_kv[l];
-      src->tail_score = saved_tail_score[l];
-      if (src->tail_kv.empty()) {
-        src->tail_kv.assign(static_cast<size_t>(ratio * D), 0.0f);
-        src->tail_score.assign(static_cast<size_t>(ratio * D), -INFINITY);
-      }
-      for (int64_t pos = p1; pos < kept; ++pos) {
-        std::copy_n(&r.compressor_kv[l][(pos - p1) * D], D, &src->tail_kv[(pos % ratio) * D]);
-        std::copy_n(&r.compressor_score[l][(pos - p1) * D], D, &src->tail_score[(pos % ratio) * D]);
-      }
-    }
-  }
-  st.last_index_keys_layer = keys_layer;
-  st.length = kept;
-  std::vector<int32_t>& history = session_.mutable_history();
-  history.insert(history.end(), run.begin(), run.begin() + 1 + a);
-  st.engram_recent = model.engram_history(history);
-  drafter_.observe(st, r.dspark_taps, 0, p1, 1 + a);
-
-  Step out;
-  out.tokens.assign(proposals.begin(), proposals.begin() + a);
+  const int64_t a = accept_drafts(p, q_, proposals_, sampler_, extra);
+  out.tokens.assign(proposals_.begin(), proposals_.begin() + a);
   out.tokens.push_back(extra);
   out.rows.assign(r.logits.begin(), r.logits.begin() + (a + 1) * V);
+  session_.keep_verified(1 + a);  // `next` and the accepted drafts; `extra` runs in the next step
+  ++stats_.target_forwards;
   ++stats_.steps;
   stats_.proposed += K;
   stats_.accepted += a;
   for (int64_t j = 0; j < a; ++j) ++stats_.accepted_per_position[static_cast<size_t>(j)];
   stats_.emitted += a + 1;
+  const int64_t pauses = guard_.pauses();
+  guard_.verified(a + 1);
+  stats_.guard_pauses += guard_.pauses() - pauses;
   return out;
 }
 

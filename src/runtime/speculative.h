@@ -14,6 +14,37 @@
 
 namespace dsv41 {
 
+// When drafting stops paying: a verification costs more than a plain decode step (the drafter's
+// forward, its head over the drafted rows, K more rows through the target), so a sequence whose
+// drafts are rarely accepted would be slower speculating than not. The guard measures the tokens each
+// verification yields over a window of steps and, below the bar, decodes plainly for a pause (doubled
+// for every failure in a row, reset by a window that pays) before trying again.
+struct AcceptanceGuardOptions {
+  bool enabled = true;
+  int window = 8;                     // verifications measured before each decision
+  // Tokens a verification must yield on average (the newest token's own is 1): 1.5 = one accepted
+  // draft every second step. docs/speculative.md has the measured cost of a verification it rests on.
+  double min_tokens_per_step = 1.5;
+  int pause_steps = 16;               // plain steps of the first pause
+  int max_pause_steps = 256;
+};
+
+class AcceptanceGuard {
+ public:
+  explicit AcceptanceGuard(AcceptanceGuardOptions options);
+  bool drafting() const { return paused_left_ == 0; }  // whether the next step should speculate
+  void verified(int64_t tokens);  // after a verification that yielded `tokens`
+  void plain_step();              // after a plain step taken during a pause
+  int64_t pauses() const { return pauses_; }
+
+ private:
+  AcceptanceGuardOptions options_;
+  int steps_ = 0;
+  int64_t tokens_ = 0;
+  int paused_left_ = 0, next_pause_ = 0;
+  int64_t pauses_ = 0;
+};
+
 struct SpeculativeOptions {
   // Drafts verified per step: 0 = adaptive (the confidence head's acceptance estimates, below), else
   // a fixed count in 1..block_size.
@@ -21,18 +52,21 @@ struct SpeculativeOptions {
   // Adaptive: verify drafts while the estimated probability that all of them are accepted,
   // prod(sigmoid(confidence_k)), stays at or above this.
   double min_survival = 0.5;
-  // Test hook: replaces the drafted tokens (at most block_size of them) for the step whose first
-  // token sits at `position`.
+  AcceptanceGuardOptions guard;
+  // Test and measurement hook: replaces the drafted tokens (at most block_size of them) for the step
+  // whose first token sits at `position`.
   std::function<std::vector<int32_t>(int64_t position, const std::vector<int32_t>& drafted)> force_drafts;
 };
 
 struct SpeculativeStats {
-  int64_t steps = 0;
+  int64_t steps = 0;                         // verifications
   int64_t proposed = 0;                      // drafts verified
   int64_t accepted = 0;                      // drafts accepted
   std::vector<int64_t> accepted_per_position;  // [k]: steps whose k-th draft was accepted
   int64_t target_forwards = 0;               // verification forwards (one per step)
-  int64_t emitted = 0;                       // tokens produced by the steps
+  int64_t emitted = 0;                       // tokens produced by the verifications
+  int64_t plain_steps = 0;                   // steps decoded without drafts (guard pauses, the last token)
+  int64_t guard_pauses = 0;                  // times the acceptance guard stopped drafting
   double mean_accept_len() const { return steps ? static_cast<double>(emitted) / static_cast<double>(steps) : 0.0; }
 };
 
@@ -48,6 +82,11 @@ class SpeculativeDecoder {
     std::vector<float> rows;
   };
   Step step(int32_t next);
+  // The same in two halves around a forward shared with other sessions (Session::run_planned):
+  // plan() drafts and plans a verification of at most `max_drafts` drafts on the session, or a plain
+  // decode when max_drafts < 1 or the acceptance guard is pausing; finish() reads the result.
+  void plan(int32_t next, int max_drafts);
+  Step finish();
   const SpeculativeStats& stats() const { return stats_; }
 
  private:
@@ -58,7 +97,12 @@ class SpeculativeDecoder {
   Sampler& sampler_;
   Sampler draft_sampler_;
   SpeculativeOptions options_;
+  AcceptanceGuard guard_;
   SpeculativeStats stats_;
+  // the planned step
+  bool verifying_ = false;
+  std::vector<int32_t> proposals_;
+  std::vector<std::vector<double>> q_;
 };
 
 // Makes `drafter` observe every target forward of `session` (its rings follow the target's taps).

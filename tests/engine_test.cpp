@@ -483,7 +483,7 @@ TEST(Engine, BadRequestsAreRefusedAtSubmit) {
   RequestParams p = request(10, 1, 5);
   p.prompt.push_back(5000);
   EXPECT_THROW(e.submit(p, [](const TokenEvent&) {}), Error);
-  p = request(10, 1, 0);
+  p = request(10, 1, -1);  // 0 is a prefill-only request
   EXPECT_THROW(e.submit(p, [](const TokenEvent&) {}), Error);
   p = request(10, 1, 5000);
   EXPECT_THROW(e.submit(p, [](const TokenEvent&) {}), Error);

@@ -12,6 +12,7 @@
 #include "model/dspark.h"
 #include "runtime/speculative.h"
 #include "test_util.h"
+#include "util/error.h"
 
 namespace dsv41 {
 namespace {
@@ -314,6 +315,52 @@ TEST(Speculative, SamplingRunsWithForcedDrafts) {
     }
     EXPECT_EQ(run().tokens, b.tokens) << c.name;
   }
+}
+
+}  // namespace
+}  // namespace dsv41
+
+namespace dsv41 {
+namespace {
+
+// The guard's schedule: a window below the bar pauses drafting, each failure in a row doubles the
+// pause up to its cap, a window that pays resets it, and a disabled guard never pauses.
+TEST(AcceptanceGuard, PausesDoubleUpToTheCapAndResetWhenDraftsPay) {
+  AcceptanceGuardOptions o;
+  o.window = 2;
+  o.min_tokens_per_step = 1.5;
+  o.pause_steps = 3;
+  o.max_pause_steps = 8;
+  AcceptanceGuard g(o);
+  auto pause_length = [&] {
+    int n = 0;
+    while (!g.drafting()) {
+      g.plain_step();
+      ++n;
+    }
+    return n;
+  };
+  g.verified(1);
+  EXPECT_TRUE(g.drafting());  // the window is not full yet
+  g.verified(1);
+  EXPECT_FALSE(g.drafting());
+  EXPECT_EQ(pause_length(), 3);
+  g.verified(2);
+  g.verified(1);  // 1.5 per step: pays
+  EXPECT_TRUE(g.drafting());
+  for (int expected : {3, 6, 8, 8}) {
+    g.verified(1);
+    g.verified(1);
+    EXPECT_EQ(pause_length(), expected);
+  }
+  EXPECT_EQ(g.pauses(), 5);
+  o.enabled = false;
+  AcceptanceGuard off(o);
+  for (int i = 0; i < 10; ++i) off.verified(1);
+  EXPECT_TRUE(off.drafting());
+  o.enabled = true;
+  o.max_pause_steps = 2;
+  EXPECT_THROW(AcceptanceGuard{o}, Error);
 }
 
 }  // namespace

@@ -13,9 +13,11 @@
 #include <thread>
 
 #include "io/layer_roles.h"
+#include "model/dspark.h"
 #include "model/model.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
+#include "runtime/speculative.h"
 #include "state/state_graph.h"
 #include "util/error.h"
 
@@ -50,11 +52,14 @@ struct Engine::Impl {
     std::unique_ptr<Session> session;
     std::unique_ptr<Sampler> sampler;
     std::unique_ptr<StreamDecoder> decoder;
+    std::unique_ptr<SpeculativeDecoder> spec;  // null: plain decoding
     std::string held;       // decoded text not yet sent: it may be the start of a stop string
     int64_t generated = 0;
     int32_t last = -1;
     uint64_t reserved_bytes = 0;
     int64_t cached_tokens = 0;
+    int32_t stop_token = -1;         // the end-of-sentence token that ended it
+    std::vector<float> stop_logits;  // its row (return_logits)
     bool started = false;   // its first token has been sampled
     bool finished = false;  // its final event was sent
     std::chrono::steady_clock::time_point submitted, admitted;
@@ -66,6 +71,7 @@ struct Engine::Impl {
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<StatePools> pools;
   std::unique_ptr<PrefixCache> cache;
+  std::unique_ptr<Drafter> drafter;  // null: the model has no DSpark blocks
   double bytes_per_token = 0;
 
   mutable std::mutex mu;
@@ -87,8 +93,10 @@ struct Engine::Impl {
   void finish(Request& r, const std::string& reason, const std::string& error = "");
   void fail_request(Request& r, const std::exception& e);
   bool advance(Request& r);
-  bool emit(Request& r, int32_t token, const std::vector<float>& logits);
+  bool emit(Request& r, int32_t token, const float* logits);
   void sample_and_emit(Request& r, const std::vector<float>& logits, int64_t vocab);
+  void start(Request& r);
+  void count_speculation(const SpeculativeStats& before, const SpeculativeStats& after);
 };
 
 Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
@@ -103,6 +111,16 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
   const ModelConfig& c = m.model->config();
   m.pools = std::make_unique<StatePools>(c, m.model->roles(), m.model->backend().allocator());
   m.bytes_per_token = build_state_graph(c, m.model->roles()).global_bytes_per_token();
+  if (c.has_dspark()) {
+    m.drafter = std::make_unique<Drafter>(*m.model);
+    m.stats.spec_accepted_per_position.assign(static_cast<size_t>(m.drafter->block_size()), 0);
+  }
+  if (options.speculative == SpeculativeMethod::DSpark && !m.drafter) {
+    fail("--speculative", "dspark needs a model with DSpark (mtp.*) blocks; this one has none");
+  }
+  if (options.draft_length < 0 || (m.drafter && options.draft_length > m.drafter->block_size())) {
+    fail("--draft-length", "must be between 0 (adaptive) and the DSpark block size");
+  }
   // The folder is made (or refused, naming it) and indexed here, before any request waits on it.
   m.cache = std::make_unique<PrefixCache>(*m.model, *m.pools, options.cache_mode, options.cache_ram_bytes,
                                           options.prompt_cache_dir, IndexKeysMode::Owner,
@@ -138,11 +156,19 @@ std::string Engine::model_name() const {
   return name.empty() || name == "." || name == ".." ? "dsv41" : name;
 }
 
+int Engine::draft_block_size() const { return impl_->drafter ? impl_->drafter->block_size() : 0; }
+
 uint64_t Engine::submit(RequestParams params, EventSink sink) {
   Impl& m = *impl_;
   const ModelConfig& c = m.model->config();
   if (params.prompt.empty()) fail("prompt", "is empty");
-  if (params.max_tokens < 1) fail("max_tokens", "must be at least 1");
+  if (params.max_tokens < 0) fail("max_tokens", "must be at least 0");
+  if (params.speculative == SpeculativeMethod::DSpark && !m.drafter) {
+    fail("speculative", "dspark needs a model with DSpark (mtp.*) blocks; this one has none");
+  }
+  if (params.draft_length < -1 || (params.draft_length > 0 && params.draft_length > draft_block_size())) {
+    fail("draft_length", "must be between 0 (adaptive) and the DSpark block size " + std::to_string(draft_block_size()));
+  }
   for (int32_t t : params.prompt) {
     if (t < 0 || t >= c.vocab_size) fail("prompt", "token id " + std::to_string(t) + " is outside the vocabulary");
   }
@@ -182,10 +208,40 @@ EngineMetrics Engine::metrics() const {
   return impl_->stats;
 }
 
+// What the request's sequence holds and did, read before its session goes.
+RequestReport report_of(const Session& session, const SpeculativeDecoder* spec) {
+  RequestReport rep;
+  rep.replayed_tokens = session.cache_hit().replayed_tokens;
+  rep.cache_source = session.cache_hit().source;
+  rep.cache_bytes_written = session.cache_bytes_written();
+  rep.cache_tokens_stored = session.cache_tokens_stored();
+  double main = 0, keys = 0;
+  for (const auto& src : session.state().sources) {
+    if (!src) continue;
+    main += static_cast<double>(src->compressed.size()) * static_cast<double>(src->compressed.row_bytes());
+    keys += static_cast<double>(src->index_keys.size()) * static_cast<double>(src->index_keys.row_bytes());
+  }
+  const double n = static_cast<double>(std::max<int64_t>(session.position(), 1));
+  rep.main_kv_bytes_per_token = main / n;
+  rep.index_key_bytes_per_token = keys / n;
+  if (spec) {
+    const SpeculativeStats& s = spec->stats();
+    rep.verify_steps = s.steps;
+    rep.drafts_proposed = s.proposed;
+    rep.drafts_accepted = s.accepted;
+    rep.plain_steps = s.plain_steps;
+    rep.guard_pauses = s.guard_pauses;
+    rep.accepted_per_position = s.accepted_per_position;
+  }
+  return rep;
+}
+
 void Engine::Impl::finish(Request& r, const std::string& reason, const std::string& error) {
   r.finished = true;
-  r.session.reset();  // its pages go back to the pools (the prefix cache keeps what it stored)
   TokenEvent e;
+  if (r.session) e.report = report_of(*r.session, r.spec.get());
+  r.spec.reset();
+  r.session.reset();  // its pages go back to the pools (the prefix cache keeps what it stored)
   e.done = true;
   e.finish_reason = reason;
   e.error = error;
@@ -193,6 +249,8 @@ void Engine::Impl::finish(Request& r, const std::string& reason, const std::stri
   e.prompt_tokens = static_cast<int64_t>(r.params.prompt.size());
   e.completion_tokens = r.generated;
   e.cached_tokens = r.cached_tokens;
+  e.stop_token = r.stop_token;
+  e.logits = std::move(r.stop_logits);
   {
     // counted before the client hears of it, so a client that reads the metrics sees its request
     std::lock_guard<std::mutex> lock(mu);
@@ -210,21 +268,25 @@ void Engine::Impl::finish(Request& r, const std::string& reason, const std::stri
   r.sink(e);
 }
 
-// Sends one sampled token; returns false when the request is complete.
-bool Engine::Impl::emit(Request& r, int32_t token, const std::vector<float>& logits) {
+// Sends one sampled token (`logits`: the row that chose it); returns false when the request is complete.
+bool Engine::Impl::emit(Request& r, int32_t token, const float* logits) {
   const ModelConfig& c = model->config();
   ++r.generated;
   r.last = token;
+  const size_t V = static_cast<size_t>(c.vocab_size);
   if (token == c.eos_token_id && !r.params.ignore_eos) {
     r.held += r.decoder->flush();
+    r.stop_token = token;
+    if (r.params.return_logits) r.stop_logits.assign(logits, logits + V);
     finish(r, "stop");
     return false;
   }
   TokenEvent e;
   e.token = token;
   if (r.generated == 1) e.queue_seconds = std::chrono::duration<double>(r.admitted - r.submitted).count();
+  if (r.params.return_logits) e.logits.assign(logits, logits + V);
   if (r.params.top_logprobs >= 0) {
-    std::vector<double> lp = log_softmax(logits);
+    std::vector<double> lp = log_softmax(std::vector<float>(logits, logits + V));
     e.logprob = lp[static_cast<size_t>(token)];
     std::vector<int32_t> order(lp.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
@@ -298,32 +360,69 @@ void Engine::Impl::fail_request(Request& r, const std::exception& e) {
   }
 }
 
+// A request's sequence: its session with the request's modes (the prompt cache only for the keys it
+// holds), and the drafter and its speculative decoder when it speculates.
+void Engine::Impl::start(Request& r) {
+  const RequestParams& p = r.params;
+  SessionOptions so;
+  so.prefill_mode = p.prefill_mode;
+  so.index_keys = p.index_keys;
+  PrefixCache* c = p.index_keys == IndexKeysMode::Owner ? cache.get() : nullptr;
+  r.session = std::make_unique<Session>(*model, *pools, so, c);
+  r.sampler = std::make_unique<Sampler>(p.sampling);
+  r.decoder = std::make_unique<StreamDecoder>(*tokenizer);
+  const SpeculativeMethod method = p.speculative.value_or(opt.speculative);
+  if (method == SpeculativeMethod::DSpark && drafter && p.forced_output.empty()) {
+    attach_drafter(*r.session, *drafter);  // before the prompt: the drafter's rings follow it
+    SpeculativeOptions spo;
+    spo.fixed_length = p.draft_length >= 0 ? p.draft_length : opt.draft_length;
+    spo.force_drafts = p.force_drafts;
+    r.spec = std::make_unique<SpeculativeDecoder>(*r.session, *drafter, *r.sampler, spo);
+  }
+  r.session->begin_prefill(p.prompt);
+  r.cached_tokens = r.session->cache_hit().cached_tokens;
+}
+
 // One request's part of a step outside the decode batch: its cache restore and prefill chunks, then
 // its first token. Returns true when it is ready to join the decode batch.
 bool Engine::Impl::advance(Request& r) {
-  if (!r.session) {
-    r.session = std::make_unique<Session>(*model, *pools, SessionOptions{}, cache.get());
-    r.sampler = std::make_unique<Sampler>(r.params.sampling);
-    r.decoder = std::make_unique<StreamDecoder>(*tokenizer);
-    r.session->begin_prefill(r.params.prompt);
-    r.cached_tokens = r.session->cache_hit().cached_tokens;
-  }
+  if (!r.session) start(r);
   if (r.session->prefill_pending()) {
     r.session->prefill_step(opt.prefill_chunk);
+    if (r.params.prefill_progress) {
+      r.params.prefill_progress(r.session->position(), static_cast<int64_t>(r.params.prompt.size()));
+    }
     if (r.session->prefill_pending()) return false;
   }
   if (!r.started) {  // the first token comes from the prefill's logits
     r.started = true;
+    if (r.params.max_tokens == 0) {
+      finish(r, "length");
+      return false;
+    }
     sample_and_emit(r, r.session->last_logits(), model->config().vocab_size);
     return false;
   }
   return true;
 }
 
+void Engine::Impl::count_speculation(const SpeculativeStats& before, const SpeculativeStats& after) {
+  std::lock_guard<std::mutex> lock(mu);
+  stats.spec_verify_steps += static_cast<uint64_t>(after.steps - before.steps);
+  stats.spec_draft_tokens += static_cast<uint64_t>(after.proposed - before.proposed);
+  stats.spec_accepted_tokens += static_cast<uint64_t>(after.accepted - before.accepted);
+  stats.spec_guard_pauses += static_cast<uint64_t>(after.guard_pauses - before.guard_pauses);
+  for (size_t k = 0; k < after.accepted_per_position.size() && k < stats.spec_accepted_per_position.size(); ++k) {
+    stats.spec_accepted_per_position[k] +=
+        static_cast<uint64_t>(after.accepted_per_position[k] - before.accepted_per_position[k]);
+  }
+}
+
 void Engine::Impl::step() {
   const int64_t V = model->config().vocab_size;
   // prefill chunks first, one sequence at a time; every sequence ready to decode then runs in one
-  // batched step (every weight-streaming part, the experts included, reads its weights once for all).
+  // batched forward (every weight-streaming part, the experts included, reads its weights once for
+  // all): plain sequences with their newest token, speculating ones with it and their drafts.
   // What fails for one request (its prefill, a state it cannot restore, its sink) ends that request
   // alone; prompt-cache disk problems never get here (the cache skips or recomputes instead).
   std::vector<Request*> decoding;
@@ -336,25 +435,52 @@ void Engine::Impl::step() {
       fail_request(r, e);
     }
   }
-  if (decoding.empty()) return;
+  std::vector<Request*> planned;
   std::vector<Session*> sessions;
-  std::vector<int32_t> tokens;
-  for (Request* r : decoding) {
-    sessions.push_back(r->session.get());
-    tokens.push_back(r->last);
+  std::vector<SpeculativeStats> before(decoding.size());
+  for (size_t i = 0; i < decoding.size(); ++i) {
+    Request& r = *decoding[i];
+    try {
+      if (r.spec) {
+        // drafts only where every token they could yield is still wanted: the sequence never runs
+        // past prompt + max_tokens, which admission reserved and the context allows
+        const int64_t room = r.params.max_tokens - r.generated - 1;
+        before[planned.size()] = r.spec->stats();
+        r.spec->plan(r.last, static_cast<int>(std::min<int64_t>(room, drafter->block_size())));
+      } else {
+        r.session->plan_decode(r.last);
+      }
+      planned.push_back(&r);
+      sessions.push_back(r.session.get());
+    } catch (const std::exception& e) {  // drafting failed: this request only
+      fail_request(r, e);
+    }
   }
-  std::vector<std::vector<float>> logits;
+  if (planned.empty()) return;
   try {
-    logits = Session::decode_batch(sessions, tokens);
+    Session::run_planned(sessions);
   } catch (const std::exception& e) {  // one forward for the whole batch: it fails the batch, nobody else
-    for (Request* r : decoding) fail_request(*r, e);
+    for (Request* r : planned) fail_request(*r, e);
     return;
   }
-  for (size_t i = 0; i < decoding.size(); ++i) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ++stats.decode_forwards_total;
+  }
+  for (size_t i = 0; i < planned.size(); ++i) {
+    Request& r = *planned[i];
     try {
-      sample_and_emit(*decoding[i], logits[i], V);
+      if (!r.spec) {
+        sample_and_emit(r, r.session->planned_result().logits, V);
+        continue;
+      }
+      const SpeculativeDecoder::Step st = r.spec->finish();
+      count_speculation(before[i], r.spec->stats());
+      for (size_t k = 0; k < st.tokens.size(); ++k) {
+        if (!emit(r, st.tokens[k], &st.rows[k * static_cast<size_t>(V)])) break;
+      }
     } catch (const std::exception& e) {
-      fail_request(*decoding[i], e);
+      fail_request(r, e);
     }
   }
 }
@@ -364,7 +490,7 @@ void Engine::Impl::sample_and_emit(Request& r, const std::vector<float>& logits,
   const int32_t token = r.generated < static_cast<int64_t>(r.params.forced_output.size())
                             ? r.params.forced_output[static_cast<size_t>(r.generated)]
                             : sampled;
-  emit(r, token, logits);
+  emit(r, token, logits.data());
 }
 
 void Engine::Impl::loop() {

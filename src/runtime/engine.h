@@ -8,14 +8,17 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "io/config.h"
 #include "io/engram_store.h"
+#include "io/layer_roles.h"
 #include "runtime/cache_mode.h"
 #include "runtime/sampling_params.h"
+#include "runtime/sequence_options.h"
 #include "text/tokenizer.h"
 
 namespace dsv41 {
@@ -33,6 +36,10 @@ struct EngineOptions {
   uint64_t cache_ram_bytes = uint64_t{256} << 20;
   EngramTier engram = EngramTier::Mmap;
   std::shared_ptr<const Backend> backend;    // null: the best kernel level, one thread per core
+  // Speculative decoding for requests that do not choose (RequestParams::speculative), and its draft
+  // length (0: adaptive, from DSpark's confidence head). DSpark needs a model with mtp.* blocks.
+  SpeculativeMethod speculative = SpeculativeMethod::Off;
+  int draft_length = 0;
   // Lines for the operator (a request's failure in full, prompt-cache files skipped, cache writes
   // failing), called on the scheduler thread or in the constructor; null: stderr. Clients never see
   // these: a failed request's TokenEvent.error names no server file.
@@ -41,14 +48,40 @@ struct EngineOptions {
 
 struct RequestParams {
   std::vector<int32_t> prompt;               // token ids (the server renders and tokenizes)
-  int64_t max_tokens = 16;
+  int64_t max_tokens = 16;                   // 0: prefill only (the prompt's state, e.g. into the cache)
   SamplingParams sampling;
   std::vector<std::string> stop;             // stop strings: generation ends before any of them
   bool ignore_eos = false;
   int top_logprobs = -1;                     // -1: no logprobs; 0..20: the chosen token's and this many alternatives
-  // Test hook (the server accepts it only with --test-hooks): tokens emitted in place of the first
-  // sampled ones, as if the model had produced them, so the whole output path can be exercised.
+  // How the sequence runs. Speculation unset: the engine's default. Greedy output is the same token
+  // for token whatever is chosen here, apart from tail mode's and reference keys' own numerics.
+  std::optional<SpeculativeMethod> speculative;
+  int draft_length = -1;                     // -1: the engine's; 0: adaptive; else 1..block size
+  PrefillMode prefill_mode = PrefillMode::Exact;
+  IndexKeysMode index_keys = IndexKeysMode::Owner;  // Reference: no prompt cache (it holds Owner state)
+  bool return_logits = false;                // every token's event carries the logits row that chose it
+  // Teacher forcing, and the server's test hook (--test-hooks): tokens emitted in place of the first
+  // sampled ones, as if the model had produced them. Such a request never speculates.
   std::vector<int32_t> forced_output;
+  // Measurement hook (generate --oracle-drafts): replaces DSpark's drafts for the step whose first
+  // token sits at `position`. Called on the scheduler thread.
+  std::function<std::vector<int32_t>(int64_t position, const std::vector<int32_t>& drafted)> force_drafts;
+  // Called on the scheduler thread after every prefill chunk: prompt tokens done (cached ones
+  // included) and the prompt's length.
+  std::function<void(int64_t done, int64_t total)> prefill_progress;
+};
+
+// What a finished request did, on its final event.
+struct RequestReport {
+  int64_t replayed_tokens = 0;               // re-run to rebuild windows after a replay-mode cache hit
+  std::string cache_source = "none";         // "none", "ram" or "disk"
+  uint64_t cache_bytes_written = 0;          // by the prompt's store into the cache's disk tier
+  int64_t cache_tokens_stored = 0;
+  double main_kv_bytes_per_token = 0, index_key_bytes_per_token = 0;  // the global rows it held at the end
+  // speculative decoding: verifications, drafts proposed and accepted (per draft position too), steps
+  // decoded plainly (guard pauses, the last token) and guard pauses
+  int64_t verify_steps = 0, drafts_proposed = 0, drafts_accepted = 0, plain_steps = 0, guard_pauses = 0;
+  std::vector<int64_t> accepted_per_position;
 };
 
 struct TokenEvent {
@@ -56,11 +89,14 @@ struct TokenEvent {
   std::string text;         // text this token completes (held back while it may start a stop string)
   double logprob = 0;       // of the chosen token under the sampling distribution's logits (temperature 1)
   std::vector<std::pair<int32_t, double>> top_logprobs;
+  std::vector<float> logits;  // RequestParams::return_logits: the row that chose `token` (or stop_token)
   bool done = false;
   std::string finish_reason;  // at done: "stop", "length", "cancelled" or "error"
   std::string error;
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;  // at done
   double queue_seconds = -1;  // on the first token's event: from submit until the request was admitted
+  int32_t stop_token = -1;    // at done: the end-of-sentence token that ended it, if one did
+  RequestReport report;       // at done
 };
 
 // Called on the scheduler thread; must be quick and must not call back into the engine.
@@ -71,6 +107,7 @@ struct EngineMetrics {
   uint64_t requests_running = 0, requests_queued = 0;
   uint64_t prompt_tokens_total = 0, generation_tokens_total = 0, cached_tokens_total = 0;
   uint64_t steps_total = 0, last_batch_size = 0;
+  uint64_t decode_forwards_total = 0;  // batched decode forwards: every ready sequence's rows in one
   uint64_t kv_pages_in_use = 0;
   uint64_t cache_pages_in_use = 0;  // of those, held by the prefix cache for later requests
   uint64_t kv_bytes_in_use = 0, kv_budget_bytes = 0;
@@ -78,6 +115,10 @@ struct EngineMetrics {
   // budget, and stores that did not reach the disk (their requests went on uncached).
   uint64_t prompt_cache_disk_files = 0, prompt_cache_disk_bytes = 0;
   uint64_t prompt_cache_evictions = 0, prompt_cache_write_failures = 0;
+  // Speculative decoding over all requests (vLLM's spec_decode counters): verifications, drafts
+  // verified, drafts accepted, accepted drafts by position in the draft, acceptance-guard pauses.
+  uint64_t spec_verify_steps = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0, spec_guard_pauses = 0;
+  std::vector<uint64_t> spec_accepted_per_position;
 };
 
 class Engine {
@@ -90,9 +131,11 @@ class Engine {
   const Tokenizer& tokenizer() const;
   const ModelConfig& config() const;
   std::string model_name() const;  // the model folder's name
+  int draft_block_size() const;    // DSpark's drafts per step; 0: the model has no drafter
 
   // Queues a request; throws Error for a request that can never run (empty prompt, prompt plus
-  // max_tokens over the context, a token outside the vocabulary, bad sampling values).
+  // max_tokens over the context, a token outside the vocabulary, bad sampling values, speculation
+  // the model cannot do, a draft length outside 0..block size).
   uint64_t submit(RequestParams params, EventSink sink);
   // Ends a request (queued or running) with finish_reason "cancelled" and frees its pages.
   void cancel(uint64_t id);

@@ -28,7 +28,12 @@ void Session::begin_prefill(const std::vector<int32_t>& tokens) {
   const bool caching = cache_ && origin == 0;
   if (caching) hit_ = cache_->restore(tokens, state_, pending_opt_.tail_start);
   // With a cache, one call ends exactly at the last block boundary so the state there can be stored.
-  store_at_ = caching ? PrefixCache::usable_boundary(n) : -1;
+  // A tail-mode prompt's decoder windows hold only its last rows, so its state at a boundary is not
+  // what an exact prefill leaves there: an exact-mode cache (which promises bit-identical restores)
+  // does not take it; a replay-mode one keeps only the global rows, which tail mode computes exactly.
+  const bool storable =
+      caching && (options_.prefill_mode == PrefillMode::Exact || cache_->mode() == CacheMode::Replay);
+  store_at_ = storable ? PrefixCache::usable_boundary(n) : -1;
   pending_ = tokens;
   pending_origin_ = origin;
   pending_done_ = state_.length - origin;

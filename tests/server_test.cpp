@@ -279,6 +279,38 @@ TEST(ServerApi, SamplingStopAndLogprobsReachTheEngineRequest) {
   EXPECT_EQ(parse_chat(chat_body({{"seed", -1}})).params.sampling.seed, ~uint64_t{0});
 }
 
+// dsv41's extension fields: speculation, draft length and prefill mode reach the engine request;
+// values outside their sets, and speculation the model cannot do, are 400s naming the field.
+TEST(ServerApi, SequenceOptionsReachTheEngineRequest) {
+  ModelInfo with_drafter = tiny_info();
+  with_drafter.draft_block_size = 4;
+  const auto parse = [&](const json& extra) {
+    return parse_request(Endpoint::ChatCompletions, chat_body(extra).dump(), with_drafter);
+  };
+  const ApiRequest r = parse({{"speculative", "dspark"}, {"draft_length", 2}, {"prefill_mode", "tail"}});
+  EXPECT_EQ(r.params.speculative, SpeculativeMethod::DSpark);
+  EXPECT_EQ(r.params.draft_length, 2);
+  EXPECT_EQ(r.params.prefill_mode, PrefillMode::Tail);
+  const ApiRequest d = parse(json::object());
+  EXPECT_FALSE(d.params.speculative.has_value());  // the server's default applies
+  EXPECT_EQ(d.params.draft_length, -1);
+  EXPECT_EQ(d.params.prefill_mode, PrefillMode::Exact);
+  EXPECT_EQ(parse({{"speculative", "off"}}).params.speculative, SpeculativeMethod::Off);
+  EXPECT_EQ(parse({{"draft_length", 0}}).params.draft_length, 0);
+  const std::vector<std::pair<json, std::string>> cases = {
+      {{{"speculative", "eagle"}}, "speculative"},   {{{"speculative", true}}, "speculative"},
+      {{{"draft_length", 5}}, "draft_length"},       {{{"draft_length", -1}}, "draft_length"},
+      {{{"draft_length", "2"}}, "draft_length"},     {{{"prefill_mode", "fast"}}, "prefill_mode"},
+      {{{"prefill_mode", 1}}, "prefill_mode"},
+  };
+  for (const auto& [extra, param] : cases) {
+    SCOPED_TRACE(extra.dump());
+    expect_error([&] { parse(extra); }, 400, param);
+  }
+  // a model without DSpark blocks cannot speculate
+  expect_error([] { parse_chat(chat_body({{"speculative", "dspark"}})); }, 400, "speculative");
+}
+
 TEST(ServerApi, ThinkingKnobsAndToolsShapeThePrompt) {
   const ApiRequest on = parse_chat(chat_body());  // server default: thinking on
   EXPECT_TRUE(on.thinking);
@@ -1049,6 +1081,54 @@ TEST(ServerCommand, ServesAndStopsCleanlyOnSignals) {
   const test::CommandResult bad = test::run_dsv41("serve -m '" + test::tiny_model_dir() + "' --thinking maybe");
   EXPECT_EQ(bad.status, 1);
   EXPECT_NE(bad.out.find("--thinking"), std::string::npos) << bad.out;
+}
+
+// A counter's value in Prometheus text (-1 when absent).
+double metric_value(const std::string& text, const std::string& name) {
+  const size_t at = text.find("\n" + name + " ");
+  return at == std::string::npos ? -1 : std::stod(text.substr(at + name.size() + 2));
+}
+
+// "speculative": "dspark" through the server: the greedy text of plain decoding, streamed and not,
+// with verifications counted in /metrics under vLLM's names; "off" runs none.
+TEST(ServerLive, SpeculativeRequestsGiveThePlainGreedyText) {
+  LiveServer& s = shared_server();
+  json body = greedy_chat("Count the waves on the shore.", 20);
+  body["speculative"] = "off";
+  const Reply plain = post(s.port(), "/v1/chat/completions", body);
+  ASSERT_EQ(plain.status, 200) << plain.raw;
+  const double before = metric_value(request(s.port(), "GET", "/metrics").raw, "vllm:spec_decode_num_drafts_total");
+  ASSERT_GE(before, 0);
+  body["speculative"] = "dspark";
+  const Reply spec = post(s.port(), "/v1/chat/completions", body);
+  ASSERT_EQ(spec.status, 200) << spec.raw;
+  EXPECT_EQ(chat_text(spec.body), chat_text(plain.body));
+  body["stream"] = true;
+  body["draft_length"] = 2;
+  const Stream st = post_stream(s.port(), "/v1/chat/completions", body);
+  ASSERT_TRUE(st.done) << st.raw;
+  EXPECT_EQ(streamed_text(st), chat_text(plain.body));
+  const std::string metrics = request(s.port(), "GET", "/metrics").raw;
+  EXPECT_GT(metric_value(metrics, "vllm:spec_decode_num_drafts_total"), before);
+  EXPECT_GE(metric_value(metrics, "vllm:spec_decode_num_draft_tokens_total"),
+            metric_value(metrics, "vllm:spec_decode_num_accepted_tokens_total"));
+  EXPECT_NE(metrics.find("vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"}"), std::string::npos);
+}
+
+// serve --speculative dspark makes it the default: a request that says nothing speculates, one that
+// says "off" does not.
+TEST(ServerLive, ServeSpeculativeSetsTheDefault) {
+  EngineOptions eo = tiny_engine_options();
+  eo.speculative = SpeculativeMethod::DSpark;
+  LiveServer s(eo);
+  json body = greedy_chat("Name three colours.", 12);
+  body["model"] = s.engine().model_name();
+  ASSERT_EQ(post(s.port(), "/v1/chat/completions", body).status, 200);
+  const uint64_t after_default = s.engine().metrics().spec_verify_steps;
+  EXPECT_GT(after_default, 0u);
+  body["speculative"] = "off";
+  ASSERT_EQ(post(s.port(), "/v1/chat/completions", body).status, 200);
+  EXPECT_EQ(s.engine().metrics().spec_verify_steps, after_default);
 }
 
 TEST(ServerNpm, OfficialOpenAIClient) {

@@ -37,6 +37,10 @@ constexpr const char* kHelp = R"(usage: dsv41 serve -m DIR [options]
       --cache-ram-mb N       RAM the prefix cache may keep (default 256)
       --prefill-chunk N      prompt tokens one sequence prefills per step (default 256)
       --engram T             mmap (default), ram or pread
+      --speculative M        dspark or off (default): speculative decoding for requests that do not
+                             choose ("speculative": "dspark" | "off" in the body)
+      --draft-length N       drafts verified per step with dspark (default 0: adaptive, from the
+                             confidence head); a request's "draft_length" overrides it
       --threads N            workers that parse and tokenize request bodies (default 4); every socket is
                              served by one I/O thread, so slow clients hold no thread
       --max-connections N    open connections at most; more are answered 503 (default 1024)
@@ -101,7 +105,7 @@ int run_serve(int argc, char** argv) {
             {"--model", "--host", "--port", "--parallel", "--kv-budget-mb", "--prompt-cache", "--cache-mode",
              "--cache-ram-mb", "--prefill-chunk", "--engram", "--threads", "--thinking", "--default-max-tokens",
              "--served-model-name", "--api-key", "--api-key-file", "--cors-origins", "--max-connections", "--prompt-cache-disk-mb",
-             "--request-timeout", "--header-timeout", "--body-timeout"},
+             "--request-timeout", "--header-timeout", "--body-timeout", "--speculative", "--draft-length"},
             {"--log-requests", "--test-hooks"}, {{"-m", "--model"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
 
@@ -115,6 +119,10 @@ int run_serve(int argc, char** argv) {
   eo.cache_ram_bytes = static_cast<uint64_t>(args.get_int("--cache-ram-mb", 256, 0, int64_t{1} << 24)) << 20;
   eo.prefill_chunk = args.get_int("--prefill-chunk", 256, 1, 1 << 20);
   eo.engram = parse_engram_tier(args.get("--engram", "mmap"));
+  const std::string spec = args.get("--speculative", "off");
+  if (spec != "dspark" && spec != "off") fail("--speculative", "must be dspark or off, got \"" + spec + "\"");
+  eo.speculative = spec == "dspark" ? SpeculativeMethod::DSpark : SpeculativeMethod::Off;
+  eo.draft_length = static_cast<int>(args.get_int("--draft-length", 0, 0, 1 << 16));
 
   server::ServerOptions so;
   so.host = args.get("--host", "127.0.0.1");

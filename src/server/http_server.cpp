@@ -178,6 +178,7 @@ struct HttpServer::Impl {
     info.chat = options.chat;
     info.test_hooks = options.test_hooks;
     info.default_max_tokens = options.default_max_tokens;
+    info.draft_block_size = engine.draft_block_size();
     policy.api_key = options.api_key;
     policy.cors_origins = options.cors_origins;
     policy.loopback_only_hosts = is_loopback_address(options.host);

@@ -67,6 +67,20 @@ std::string render_metrics(const EngineMetrics& m, const HttpCounters& h) {
   metric(out, "dsv41_prompt_cache_disk_bytes", "gauge", "Bytes of the prompt-cache folder's entries.", m.prompt_cache_disk_bytes);
   metric(out, "dsv41_prompt_cache_evictions_total", "counter", "Prompt-cache files removed to stay within the disk budget.", m.prompt_cache_evictions);
   metric(out, "dsv41_prompt_cache_write_failures_total", "counter", "Prompt-cache writes that failed (the requests went on without caching).", m.prompt_cache_write_failures);
+  metric(out, "dsv41_decode_forwards_total", "counter", "Batched decode forwards (plain and speculative sequences together).", m.decode_forwards_total);
+  // speculative decoding, under vLLM's names
+  metric(out, "vllm:spec_decode_num_drafts_total", "counter", "Speculative verifications run.", m.spec_verify_steps);
+  metric(out, "vllm:spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified.", m.spec_draft_tokens);
+  metric(out, "vllm:spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.", m.spec_accepted_tokens);
+  if (!m.spec_accepted_per_position.empty()) {
+    out += "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Draft tokens accepted, by position in the draft.\n"
+           "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter\n";
+    for (size_t k = 0; k < m.spec_accepted_per_position.size(); ++k) {
+      out += "vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"" + std::to_string(k) + "\"} " +
+             std::to_string(m.spec_accepted_per_position[k]) + "\n";
+    }
+  }
+  metric(out, "dsv41_spec_decode_guard_pauses_total", "counter", "Times the acceptance guard stopped a sequence's drafting.", m.spec_guard_pauses);
   metric(out, "dsv41_kv_bytes_in_use", "gauge", "Bytes of the KV pages allocated.", m.kv_bytes_in_use);
   metric(out, "dsv41_kv_budget_bytes", "gauge", "The KV memory budget admission works within.", m.kv_budget_bytes);
   out += "# HELP dsv41_http_responses_total HTTP responses sent, by status class.\n"

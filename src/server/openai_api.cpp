@@ -6,6 +6,7 @@
 #include <random>
 #include <sstream>
 
+#include "server/access_policy.h"
 #include "util/error.h"
 
 namespace dsv41::server {
@@ -304,6 +305,37 @@ void parse_max_tokens(const ojson& body, const ModelInfo& model, ApiRequest& req
   }
 }
 
+// dsv41's sequence options (extension fields, as vLLM takes its own beside OpenAI's).
+void parse_sequence_options(const ojson& body, const ModelInfo& model, ApiRequest& req) {
+  if (const ojson* v = field(body, "speculative")) {
+    const std::string name = v->is_string() ? v->get<std::string>() : "";
+    if (name != "dspark" && name != "off") {
+      throw invalid_request("speculative", "speculative must be \"dspark\" or \"off\", got " +
+                                               (v->is_string() ? "\"" + printable(name) + "\"" : kind(*v)));
+    }
+    if (name == "dspark" && model.draft_block_size == 0) {
+      throw invalid_request("speculative", "speculative \"dspark\" needs a model with DSpark blocks; this one has none");
+    }
+    req.params.speculative = name == "dspark" ? SpeculativeMethod::DSpark : SpeculativeMethod::Off;
+  }
+  if (const ojson* v = field(body, "draft_length")) {
+    const int64_t n = require_integer(*v, "draft_length");
+    if (n < 0 || n > model.draft_block_size) {
+      throw invalid_request("draft_length", "draft_length must be in [0, " + std::to_string(model.draft_block_size) +
+                                                "] (0: adaptive), got " + std::to_string(n));
+    }
+    req.params.draft_length = static_cast<int>(n);
+  }
+  if (const ojson* v = field(body, "prefill_mode")) {
+    const std::string name = v->is_string() ? v->get<std::string>() : "";
+    if (name != "exact" && name != "tail") {
+      throw invalid_request("prefill_mode", "prefill_mode must be \"exact\" or \"tail\", got " +
+                                                (v->is_string() ? "\"" + printable(name) + "\"" : kind(*v)));
+    }
+    req.params.prefill_mode = name == "tail" ? PrefillMode::Tail : PrefillMode::Exact;
+  }
+}
+
 }  // namespace
 
 int json_depth(std::string_view text) {
@@ -341,6 +373,7 @@ ApiRequest parse_request(Endpoint endpoint, std::string_view text, const ModelIn
     parse_completion(body, model, req);
   }
   parse_max_tokens(body, model, req);
+  parse_sequence_options(body, model, req);
   return req;
 }
 

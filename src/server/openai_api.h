@@ -13,6 +13,8 @@
 //                text/chat_encoding.h reads them; logprobs (bool), top_logprobs (0..20)
 //   completions: prompt (a string, or token ids; one prompt per request), echo (bool),
 //                logprobs (0..20), best_of (1 only), suffix (null only)
+// Extension fields (dsv41's): speculative ("dspark" or "off"; default: serve --speculative),
+//   draft_length (0..DSpark's block size; 0: adaptive), prefill_mode ("exact" or "tail").
 // Prompts are tokenized with special-token parsing, as the reference pipeline does (chat-encoding.md
 // §2.7): a chat prompt is the rendered template; a completions string prompt gets BOS in front, as
 // Hugging Face tokenizers add it for DeepSeek models; token-id prompts are used as given.
@@ -49,6 +51,7 @@ struct ModelInfo {
   // Test hook (dsv41 serve --test-hooks): a request's "dsv41_forced_output" text becomes what the
   // model emits, token for token, so tool-call parsing can be checked end to end on a random model.
   bool test_hooks = false;
+  int draft_block_size = 0;    // DSpark's drafts per step (0: the model has no drafter)
 };
 
 inline constexpr int kMaxTopLogprobs = 20;

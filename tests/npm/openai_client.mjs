@@ -1,7 +1,8 @@
 // Drives a running `dsv41 serve` with the official openai npm client, the way applications talk to
-// it: chat (plain and streamed), completions, stop, seed, usage with cached tokens, tools, and an
-// unknown model. Exits non-zero on the first mismatch. The model is random, so checks compare the
-// server with itself (plain vs streamed, same seed twice) rather than with fixed text.
+// it: chat (plain and streamed), completions, stop, seed, usage with cached tokens, tools,
+// speculative decoding through the extension field, and an unknown model. Exits non-zero on the
+// first mismatch. The model is random, so checks compare the server with itself (plain vs
+// streamed, same seed twice) rather than with fixed text.
 //
 // usage: DSV41_BASE_URL=http://127.0.0.1:PORT/v1 DSV41_MODEL=NAME node openai_client.mjs
 import OpenAI from "openai";
@@ -162,6 +163,22 @@ async function main() {
   }
   check(streamedName === "lookup" && JSON.parse(streamedArgs).word === "harbor", "streamed tool call", [streamedName, streamedArgs]);
   check(streamedContent === "I will check." && streamedFinish === "tool_calls", "streamed content and finish", [streamedContent, streamedFinish]);
+
+  // dsv41's extension field, passed through the client's body as applications pass vLLM's:
+  // speculative decoding gives the plain greedy text, streamed and not
+  const specReq = { ...greedy("Write one line about the wind.", 16), speculative: "off" };
+  const specPlain = await client.chat.completions.create(specReq);
+  const specOn = await client.chat.completions.create({ ...specReq, speculative: "dspark" });
+  check(specOn.choices[0].message.content === specPlain.choices[0].message.content,
+        "speculative dspark gives the plain greedy text", [specOn.choices[0].message, specPlain.choices[0].message]);
+  const specStream = await collectChat(await client.chat.completions.create({ ...specReq, speculative: "dspark", stream: true }));
+  check(specStream.text === specPlain.choices[0].message.content, "streamed speculative text", specStream.text);
+  try {
+    await client.chat.completions.create({ ...specReq, speculative: "eagle" });
+    check(false, "an unknown speculative method is refused");
+  } catch (e) {
+    check(e instanceof OpenAI.BadRequestError && e.param === "speculative", "unknown method is a 400 naming speculative", String(e));
+  }
 
   // errors come back as OpenAI errors
   try {

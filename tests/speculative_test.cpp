@@ -184,6 +184,48 @@ TEST(Speculative, RollbackAtEveryPositionRestoresEveryStateClass) {
   }
 }
 
+// A guard pause longer than the window leaves the drafter out of its first steps (no taps, no ring
+// writes) and lets it observe only the last window of them: when drafting resumes, its drafts are
+// exactly those of a drafter that observed every step, and the output is plain decoding's.
+TEST(Speculative, APauseLongerThanTheWindowResumesWithTheWholeWindow) {
+  const Model& m = tiny();
+  const int64_t W = m.config().window_size;
+  const std::vector<int32_t> prompt = ids(30, 8);
+  const int n = 90;
+  Decoded truth = plain(prompt, n);
+  const int64_t start = static_cast<int64_t>(prompt.size());
+  SpeculativeOptions opt;
+  opt.fixed_length = 4;
+  opt.guard.window = 2;
+  opt.guard.probe_steps = 1;
+  opt.guard.pause_steps = static_cast<int>(W) + 24;
+  opt.guard.max_pause_steps = opt.guard.pause_steps;
+  std::vector<std::pair<int64_t, std::vector<int32_t>>> calls;
+  opt.force_drafts = [&](int64_t pos, const std::vector<int32_t>& drafted) {
+    calls.push_back({pos, drafted});
+    if (pos >= start + 10) return drafted;  // the drafter's own from here on
+    std::vector<int32_t> wrong;             // before: never accepted, so the guard pauses
+    for (size_t i = 0; i < 4; ++i) wrong.push_back((truth.tokens[static_cast<size_t>(pos - start) + 1 + i] + 1) % 1000);
+    return wrong;
+  };
+  Decoded b = speculative(prompt, n, opt);
+  EXPECT_EQ(b.tokens, truth.tokens);
+  EXPECT_EQ(b.rows, truth.rows);
+  EXPECT_GE(b.stats.guard_pauses, 1);  // the drafter's own (random) drafts fail later too
+  ASSERT_GE(calls.size(), 4u);
+  // calls 0-2 were before the pause; call 3 is the first draft after it
+  const auto& [pos, drafted] = calls[3];
+  EXPECT_GE(pos, start + 3 + static_cast<int64_t>(opt.guard.pause_steps));
+  Drafter drafter(m);
+  Session ref(m, test::pools_for(m), {});
+  attach_drafter(ref, drafter);
+  ref.prefill(prompt);
+  for (int64_t p = start; p < pos; ++p) ref.decode(truth.tokens[static_cast<size_t>(p - start)]);
+  Sampler greedy(SamplingParams{});
+  const Draft d = drafter.draft(ref.state(), truth.tokens[static_cast<size_t>(pos - start)], greedy);
+  EXPECT_EQ(drafted, std::vector<int32_t>(d.tokens.begin(), d.tokens.begin() + 4));
+}
+
 // The acceptance rule keeps the target's distribution: over many draws with the drafter's and the
 // target's real distributions from the tiny model (restricted to a slice of 8 tokens), the first
 // emitted token follows the target. Chi-square with 7 degrees of freedom at a false-alarm rate of
@@ -323,40 +365,51 @@ TEST(Speculative, SamplingRunsWithForcedDrafts) {
 namespace dsv41 {
 namespace {
 
-// The guard's schedule: a window below the bar pauses drafting, each failure in a row doubles the
-// pause up to its cap, a window that pays resets it, and a disabled guard never pauses.
-TEST(AcceptanceGuard, PausesDoubleUpToTheCapAndResetWhenDraftsPay) {
+// The guard's schedule, on made-up times (a plain step 1 s, a verification 2 s): after the first
+// window it times a few plain steps; a window yielding fewer tokens per second than plain steps
+// pauses drafting, each failure in a row doubling the pause up to its cap; a window that pays resets
+// it; a disabled guard never pauses.
+TEST(AcceptanceGuard, PausesWhenSpeculatingIsSlowerThanPlainSteps) {
   AcceptanceGuardOptions o;
   o.window = 2;
-  o.min_tokens_per_step = 1.5;
+  o.probe_steps = 2;
   o.pause_steps = 3;
   o.max_pause_steps = 8;
   AcceptanceGuard g(o);
-  auto pause_length = [&] {
+  auto plain_run = [&] {
     int n = 0;
     while (!g.drafting()) {
-      g.plain_step();
+      g.plain_step(1.0);
       ++n;
     }
     return n;
   };
-  g.verified(1);
+  g.verified(1, 2.0);
   EXPECT_TRUE(g.drafting());  // the window is not full yet
-  g.verified(1);
-  EXPECT_FALSE(g.drafting());
-  EXPECT_EQ(pause_length(), 3);
-  g.verified(2);
-  g.verified(1);  // 1.5 per step: pays
+  g.verified(1, 2.0);
+  EXPECT_EQ(plain_run(), 2);  // the probe: no plain time known yet
+  EXPECT_EQ(g.pauses(), 0);
+  g.verified(1, 2.0);  // the decision: 3 tokens in 6 s against 1 token/s plain
+  EXPECT_EQ(plain_run(), 3);
+  g.verified(5, 2.0);
+  g.verified(4, 2.0);  // 9 tokens in 4 s: pays
   EXPECT_TRUE(g.drafting());
   for (int expected : {3, 6, 8, 8}) {
-    g.verified(1);
-    g.verified(1);
-    EXPECT_EQ(pause_length(), expected);
+    g.verified(1, 2.0);
+    g.verified(1, 2.0);
+    EXPECT_EQ(plain_run(), expected);
   }
   EXPECT_EQ(g.pauses(), 5);
+  // break-even counts as paying: 2 tokens per 2 s against 1 per second
+  AcceptanceGuard even(o);
+  even.verified(2, 2.0);
+  even.verified(2, 2.0);
+  while (!even.drafting()) even.plain_step(1.0);
+  even.verified(2, 2.0);
+  EXPECT_TRUE(even.drafting());
   o.enabled = false;
   AcceptanceGuard off(o);
-  for (int i = 0; i < 10; ++i) off.verified(1);
+  for (int i = 0; i < 10; ++i) off.verified(1, 100.0);
   EXPECT_TRUE(off.drafting());
   o.enabled = true;
   o.max_pause_steps = 2;

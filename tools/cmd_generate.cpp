@@ -2,9 +2,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -12,11 +14,7 @@
 #include "cli.h"
 #include "commands.h"
 #include "io/safetensors_writer.h"
-#include "model/model.h"
-#include "runtime/prefix_cache.h"
-#include "runtime/sampler.h"
-#include "runtime/speculative.h"
-#include "runtime/session.h"
+#include "runtime/engine.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
 
@@ -41,6 +39,9 @@ constexpr const char* kHelp = R"(usage: dsv41 generate -m DIR (-p TEXT | --promp
       --index-keys M         owner (default) or reference (the shipped decode behaviour)
       --speculative dspark   draft with the model's DSpark blocks and verify the drafts in one forward
       --draft-length N       drafts verified per step (default: adaptive, from the confidence head)
+      --acceptance-guard on|off
+                             on (default): a sequence whose drafts do not pay decodes plainly for a
+                             while; off: draft at every step (to measure what a verification costs)
       --oracle-drafts LIST   measurement hook: replace the drafts with this continuation of the prompt
                              (e.g. a previous greedy output), to measure verification at full acceptance
       --engram T             where the Engram tables are read from: mmap (default), ram (loaded into
@@ -77,19 +78,6 @@ std::vector<int32_t> parse_ids(const std::string& flag, const std::string& text)
   return ids;
 }
 
-// Measured bytes per token of the global state classes: the packed rows the sequence holds over its
-// length (page slack excluded), and their sum.
-nlohmann::json state_bytes_per_token(const SequenceState& st, int64_t length) {
-  double main = 0, keys = 0;
-  for (const auto& src : st.sources) {
-    if (!src) continue;
-    main += static_cast<double>(src->compressed.size() * static_cast<int64_t>(src->compressed.row_bytes()));
-    keys += static_cast<double>(src->index_keys.size() * static_cast<int64_t>(src->index_keys.row_bytes()));
-  }
-  const double n = static_cast<double>(std::max<int64_t>(length, 1));
-  return {{"main_kv", main / n}, {"index_keys", keys / n}, {"global", (main + keys) / n}};
-}
-
 // The process's peak resident memory so far, in MiB.
 double peak_rss_mb() {
   rusage u{};
@@ -103,6 +91,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+// One request through the Engine, the path `serve` and `chat` take: the command only turns flags
+// into the request, prints its tokens as they come and reports what the engine reports at the end.
 int run_generate(int argc, char** argv) {
   if (wants_help(argc, argv)) {
     std::fputs(kHelp, stdout);
@@ -110,34 +100,56 @@ int run_generate(int argc, char** argv) {
   }
   Args args("generate", argc, argv,
             {"--model", "--prompt", "--prompt-ids", "--n-predict", "--temp", "--top-p", "--seed", "--teacher-ids",
-             "--prefill-mode", "--chunk", "--index-keys", "--dump-logits", "--prompt-cache", "--cache-mode", "--engram", "--speculative", "--draft-length", "--oracle-drafts"},
+             "--prefill-mode", "--chunk", "--index-keys", "--dump-logits", "--prompt-cache", "--cache-mode", "--engram", "--speculative", "--draft-length", "--oracle-drafts", "--acceptance-guard"},
             {"--json", "--ignore-eos", "--no-bos"}, {{"-m", "--model"}, {"-p", "--prompt"}, {"-n", "--n-predict"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
   const std::string dir = args.required("--model");
   if (args.has("--prompt") == args.has("--prompt-ids")) fail("generate", "give exactly one of -p TEXT and --prompt-ids");
 
-  SessionOptions so;
+  RequestParams req;
   const std::string mode = args.get("--prefill-mode", "exact");
   if (mode != "exact" && mode != "tail") fail("--prefill-mode", "must be exact or tail, got \"" + mode + "\"");
-  so.prefill_mode = mode == "tail" ? PrefillMode::Tail : PrefillMode::Exact;
-  so.chunk = args.get_int("--chunk", 0, 0, INT32_MAX);
+  req.prefill_mode = mode == "tail" ? PrefillMode::Tail : PrefillMode::Exact;
+  const int64_t chunk = args.get_int("--chunk", 0, 0, INT32_MAX);
   const std::string keys = args.get("--index-keys", "owner");
   if (keys != "owner" && keys != "reference") fail("--index-keys", "must be owner or reference, got \"" + keys + "\"");
-  so.index_keys = keys == "reference" ? IndexKeysMode::Reference : IndexKeysMode::Owner;
-  SamplingParams sp;
-  sp.temperature = args.get_number("--temp", 0);
-  sp.top_p = args.get_number("--top-p", 1);
-  sp.seed = args.get_u64("--seed", 0);
-  Sampler sampler(sp);
+  req.index_keys = keys == "reference" ? IndexKeysMode::Reference : IndexKeysMode::Owner;
+  if (args.has("--prompt-cache") && req.index_keys == IndexKeysMode::Reference) {
+    fail("--prompt-cache", "holds owner-mode state; it cannot serve --index-keys reference");
+  }
+  req.sampling.temperature = args.get_number("--temp", 0);
+  req.sampling.top_p = args.get_number("--top-p", 1);
+  req.sampling.seed = args.get_u64("--seed", 0);
   const bool teacher = args.has("--teacher-ids");
   const std::vector<int32_t> teacher_ids = teacher ? parse_ids("--teacher-ids", args.get("--teacher-ids")) : std::vector<int32_t>{};
   const int64_t n_predict = teacher ? static_cast<int64_t>(teacher_ids.size()) : args.get_int("--n-predict", 32, 0, 1 << 24);
   const bool json_out = args.has("--json");
+  const std::string spec_name = args.get("--speculative", "");
+  if (!spec_name.empty() && spec_name != "dspark") fail("--speculative", "the only method is dspark, got \"" + spec_name + "\"");
+  if (args.has("--draft-length") && spec_name.empty()) fail("--draft-length", "needs --speculative dspark");
+  if (args.has("--oracle-drafts") && spec_name.empty()) fail("--oracle-drafts", "needs --speculative dspark");
+  if (args.has("--acceptance-guard") && spec_name.empty()) fail("--acceptance-guard", "needs --speculative dspark");
+  const std::string guard = args.get("--acceptance-guard", "on");
+  if (guard != "on" && guard != "off") fail("--acceptance-guard", "must be on or off, got \"" + guard + "\"");
+  req.acceptance_guard = guard == "on";
+  if (!spec_name.empty() && teacher) fail("--speculative", "cannot be combined with --teacher-ids");
 
-  auto model = load_model(dir, {backend_from_environment(), parse_engram_tier(args.get("--engram", "mmap"))});
-  const ModelConfig& cfg = model->config();
-  Tokenizer tokenizer = Tokenizer::from_file(dir + "/tokenizer.json");
-  std::vector<int32_t> prompt;
+  EngineOptions eo;
+  eo.model_dir = dir;
+  eo.parallel = 1;
+  eo.prefill_chunk = chunk > 0 ? chunk : kDefaultPrefillChunk;
+  eo.kv_budget_bytes = uint64_t{1} << 60;  // one request: nothing to admit it against but the machine
+  eo.cache_ram_bytes = uint64_t{1} << 30;
+  eo.prompt_cache_dir = args.get("--prompt-cache", "");
+  eo.cache_mode = parse_cache_mode(args.get("--cache-mode", "exact"));
+  eo.engram = parse_engram_tier(args.get("--engram", "mmap"));
+  eo.backend = backend_from_environment();
+  eo.log = [](const std::string& line) { std::fprintf(stderr, "dsv41 generate: warning: %s\n", line.c_str()); };
+  Engine engine(eo);
+  const ModelConfig& cfg = engine.config();
+  const Tokenizer& tokenizer = engine.tokenizer();
+
+  std::vector<int32_t>& prompt = req.prompt;
   if (args.has("--prompt")) {
     if (!args.has("--no-bos")) prompt.push_back(static_cast<int32_t>(cfg.bos_token_id));
     std::vector<int32_t> text = tokenizer.encode(args.get("--prompt"));
@@ -155,98 +167,78 @@ int run_generate(int argc, char** argv) {
     fail("generate", "prompt (" + std::to_string(prompt.size()) + ") plus -n (" + std::to_string(n_predict) +
                          ") exceeds the model's context of " + std::to_string(cfg.max_seq_len));
   }
-
-  StatePools pools(cfg, model->roles(), model->backend().allocator());
-  std::unique_ptr<PrefixCache> cache;
-  const CacheMode cache_mode = parse_cache_mode(args.get("--cache-mode", "exact"));
-  if (args.has("--prompt-cache")) {
-    const std::string cache_dir = args.get("--prompt-cache");
-    std::error_code ec;
-    std::filesystem::create_directories(cache_dir, ec);
-    if (ec) fail("--prompt-cache", cache_dir + ": cannot create the folder: " + ec.message());
-    DiskTierOptions disk;
-    disk.log = [](const std::string& w) { std::fprintf(stderr, "dsv41 generate: warning: %s\n", w.c_str()); };
-    cache = std::make_unique<PrefixCache>(*model, pools, cache_mode, uint64_t{1} << 30, cache_dir, so.index_keys, disk);
-  }
-  Session session(*model, pools, so, cache.get());
-  const std::string spec_name = args.get("--speculative", "");
-  if (!spec_name.empty() && spec_name != "dspark") fail("--speculative", "the only method is dspark, got \"" + spec_name + "\"");
-  if (args.has("--draft-length") && spec_name.empty()) fail("--draft-length", "needs --speculative dspark");
-  if (args.has("--oracle-drafts") && spec_name.empty()) fail("--oracle-drafts", "needs --speculative dspark");
-  if (!spec_name.empty() && teacher) fail("--speculative", "cannot be combined with --teacher-ids");
-  std::unique_ptr<Drafter> drafter;
-  std::unique_ptr<SpeculativeDecoder> spec;
+  req.max_tokens = n_predict;
+  req.ignore_eos = teacher || args.has("--ignore-eos");  // teacher ids are fed whatever they are
+  req.forced_output = teacher_ids;
+  const bool want_dump = args.has("--dump-logits");
+  req.return_logits = want_dump;
   if (!spec_name.empty()) {
-    drafter = std::make_unique<Drafter>(*model);
-    attach_drafter(session, *drafter);
-    SpeculativeOptions spo;
-    spo.fixed_length = static_cast<int>(args.get_int("--draft-length", 0, 1, drafter->block_size()));
+    req.speculative = SpeculativeMethod::DSpark;
+    if (engine.draft_block_size() == 0) fail("--speculative", "this model has no DSpark blocks");
+    req.draft_length = static_cast<int>(args.get_int("--draft-length", 0, 1, engine.draft_block_size()));
     if (args.has("--oracle-drafts")) {
       const std::vector<int32_t> oracle = parse_ids("--oracle-drafts", args.get("--oracle-drafts"));
-      const int64_t start = static_cast<int64_t>(prompt.size()), block = drafter->block_size();
-      const int64_t length = spo.fixed_length > 0 ? spo.fixed_length : block;
-      spo.force_drafts = [oracle, start, length](int64_t pos, const std::vector<int32_t>&) {
+      const int64_t start = static_cast<int64_t>(prompt.size());
+      // a whole block (or the fixed length) of the continuation, whatever length the drafter chose
+      const size_t length = static_cast<size_t>(req.draft_length > 0 ? req.draft_length : engine.draft_block_size());
+      req.force_drafts = [oracle, start, length](int64_t pos, const std::vector<int32_t>&) {
         std::vector<int32_t> d;  // the continuation after the token at `pos`
-        for (int64_t i = pos - start + 1; i < static_cast<int64_t>(oracle.size()) && static_cast<int64_t>(d.size()) < length; ++i) {
+        for (int64_t i = pos - start + 1; i < static_cast<int64_t>(oracle.size()) && d.size() < length; ++i) {
           d.push_back(oracle[static_cast<size_t>(i)]);
         }
         return d;
       };
     }
-    spec = std::make_unique<SpeculativeDecoder>(session, *drafter, sampler, spo);
+  } else {
+    req.speculative = SpeculativeMethod::Off;
   }
   const bool tty = isatty(fileno(stderr)) != 0;
-  const auto t_prefill = std::chrono::steady_clock::now();
-  std::vector<float> logits = session.prefill(prompt, [&](int64_t done, int64_t total) {
-    if (tty && total >= 256) {
+  const auto t_submit = std::chrono::steady_clock::now();
+  if (tty) {
+    req.prefill_progress = [t_submit](int64_t done, int64_t total) {
+      if (total < 256) return;
       std::fprintf(stderr, "\rprefill %lld/%lld tokens (%.0f tok/s)", static_cast<long long>(done),
-                   static_cast<long long>(total), static_cast<double>(done) / seconds_since(t_prefill));
+                   static_cast<long long>(total), static_cast<double>(done) / seconds_since(t_submit));
       if (done == total) std::fputc('\n', stderr);
-    }
-  });
-  const double prefill_s = seconds_since(t_prefill);
+    };
+  }
 
+  // the scheduler thread delivers the events; this thread waits for the last one
+  std::mutex mu;
+  std::condition_variable cv;
+  bool finished = false;
+  TokenEvent last;
   std::vector<int32_t> generated;
   std::vector<float> dump;
-  const bool want_dump = args.has("--dump-logits");
-  StreamDecoder stream(tokenizer);
-  double decode_s = 0;
-  // emits one token (and the logits row that chose it); false once generation must stop
-  auto emit = [&](int32_t token, const float* row) {
-    if (want_dump) dump.insert(dump.end(), row, row + cfg.vocab_size);
-    generated.push_back(token);
-    if (!json_out) {
-      std::string piece = stream.push(token);
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
+  std::chrono::steady_clock::time_point t_first = t_submit;
+  engine.submit(req, [&](const TokenEvent& e) {
+    if (e.token >= 0) {
+      if (generated.empty()) t_first = std::chrono::steady_clock::now();
+      generated.push_back(e.token);
+    }
+    dump.insert(dump.end(), e.logits.begin(), e.logits.end());  // the stop token's row comes at done
+    if (!json_out && !e.text.empty()) {
+      std::fwrite(e.text.data(), 1, e.text.size(), stdout);
       std::fflush(stdout);
     }
-    const bool eos = !teacher && token == cfg.eos_token_id && !args.has("--ignore-eos");
-    return !eos && static_cast<int64_t>(generated.size()) < n_predict;
-  };
-  if (n_predict > 0) {
-    int32_t token = teacher ? teacher_ids[0] : sampler.sample(logits.data(), cfg.vocab_size);
-    bool more = emit(token, logits.data());
-    while (more) {
-      const auto t0 = std::chrono::steady_clock::now();
-      if (spec) {
-        SpeculativeDecoder::Step st = spec->step(token);
-        decode_s += seconds_since(t0);
-        for (size_t i = 0; i < st.tokens.size() && more; ++i) {
-          more = emit(st.tokens[i], &st.rows[i * static_cast<size_t>(cfg.vocab_size)]);
-          token = st.tokens[i];
-        }
-        continue;
-      }
-      logits = session.decode(token);
-      decode_s += seconds_since(t0);
-      token = teacher ? teacher_ids[generated.size()] : sampler.sample(logits.data(), cfg.vocab_size);
-      more = emit(token, logits.data());
+    if (e.done) {
+      std::lock_guard<std::mutex> lock(mu);
+      last = e;
+      finished = true;
+      cv.notify_all();
     }
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return finished; });
   }
-  if (!json_out) {
-    std::string rest = stream.flush() + "\n";
-    std::fwrite(rest.data(), 1, rest.size(), stdout);
-  }
+  const auto t_done = std::chrono::steady_clock::now();
+  if (last.finish_reason == "error") fail("generate", last.error);
+  if (last.stop_token >= 0) generated.push_back(last.stop_token);
+  if (!json_out) std::fputs("\n", stdout);
+  // the prefill ends with the first token; without one (-n 0) the request's whole time is the prefill
+  const double prefill_s = std::chrono::duration<double>((generated.empty() ? t_done : t_first) - t_submit).count();
+  const double decode_s = generated.empty() ? 0.0 : std::chrono::duration<double>(t_done - t_first).count();
 
   if (want_dump) {
     const int64_t rows = static_cast<int64_t>(dump.size()) / cfg.vocab_size;
@@ -255,35 +247,43 @@ int run_generate(int argc, char** argv) {
     write_file_atomic(args.get("--dump-logits"), out.data(), out.size());
   }
   if (json_out) {
+    const RequestReport& rep = last.report;
     nlohmann::json j = {
         {"prompt_tokens", prompt.size()},
         {"tokens", generated},
         {"text", tokenizer.decode(generated)},
         {"prefill_mode", mode},
         {"peak_rss_mb", peak_rss_mb()},
-        {"cached_tokens", session.cache_hit().cached_tokens},
-        {"replayed_tokens", session.cache_hit().replayed_tokens},
-        {"cache_source", session.cache_hit().source},
-        {"state_bytes_per_token", state_bytes_per_token(session.state(), session.position())},
+        {"cached_tokens", last.cached_tokens},
+        {"replayed_tokens", rep.replayed_tokens},
+        {"cache_source", rep.cache_source},
+        {"state_bytes_per_token",
+         {{"main_kv", rep.main_kv_bytes_per_token},
+          {"index_keys", rep.index_key_bytes_per_token},
+          {"global", rep.main_kv_bytes_per_token + rep.index_key_bytes_per_token}}},
         {"timings",
          {{"prefill_s", prefill_s},
           {"decode_s", decode_s},
           {"prefill_tok_s", prefill_s > 0 ? static_cast<double>(prompt.size()) / prefill_s : 0.0},
           {"decode_tok_s", decode_s > 0 ? static_cast<double>(generated.size() - 1) / decode_s : 0.0}}},
     };
-    if (spec) {
-      const SpeculativeStats& ss = spec->stats();
-      j["spec"] = {{"proposed", ss.proposed},
-                   {"accepted", ss.accepted},
-                   {"accepted_per_position", ss.accepted_per_position},
-                   {"mean_accept_len", ss.mean_accept_len()},
-                   {"target_forwards", ss.target_forwards},
+    if (req.speculative == SpeculativeMethod::DSpark) {
+      const double forwards = static_cast<double>(rep.verify_steps + rep.plain_steps);
+      j["spec"] = {{"proposed", rep.drafts_proposed},
+                   {"accepted", rep.drafts_accepted},
+                   {"accepted_per_position", rep.accepted_per_position},
+                   {"mean_accept_len", rep.verify_steps ? static_cast<double>(rep.drafts_accepted + rep.verify_steps) /
+                                                              static_cast<double>(rep.verify_steps)
+                                                        : 0.0},
+                   {"target_forwards", rep.verify_steps + rep.plain_steps},
+                   {"verify_steps", rep.verify_steps},
+                   {"plain_steps", rep.plain_steps},
+                   {"guard_pauses", rep.guard_pauses},
                    {"target_forwards_per_token",
-                    generated.size() > 1 ? static_cast<double>(ss.target_forwards) / static_cast<double>(generated.size() - 1) : 0.0}};
+                    generated.size() > 1 ? forwards / static_cast<double>(generated.size() - 1) : 0.0}};
     }
-    if (session.cache_tokens_stored() > 0 && session.cache_bytes_written() > 0) {
-      j["disk_bytes_per_token"] = static_cast<double>(session.cache_bytes_written()) /
-                                  static_cast<double>(session.cache_tokens_stored());
+    if (rep.cache_tokens_stored > 0 && rep.cache_bytes_written > 0) {
+      j["disk_bytes_per_token"] = static_cast<double>(rep.cache_bytes_written) / static_cast<double>(rep.cache_tokens_stored);
     }
     std::printf("%s\n", j.dump().c_str());
   }

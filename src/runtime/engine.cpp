@@ -377,6 +377,7 @@ void Engine::Impl::start(Request& r) {
     SpeculativeOptions spo;
     spo.fixed_length = p.draft_length >= 0 ? p.draft_length : opt.draft_length;
     spo.force_drafts = p.force_drafts;
+    spo.guard.enabled = p.acceptance_guard;
     r.spec = std::make_unique<SpeculativeDecoder>(*r.session, *drafter, *r.sampler, spo);
   }
   r.session->begin_prefill(p.prompt);

@@ -57,6 +57,7 @@ struct RequestParams {
   // for token whatever is chosen here, apart from tail mode's and reference keys' own numerics.
   std::optional<SpeculativeMethod> speculative;
   int draft_length = -1;                     // -1: the engine's; 0: adaptive; else 1..block size
+  bool acceptance_guard = true;              // false: draft at every step however few are accepted (measuring)
   PrefillMode prefill_mode = PrefillMode::Exact;
   IndexKeysMode index_keys = IndexKeysMode::Owner;  // Reference: no prompt cache (it holds Owner state)
   bool return_logits = false;                // every token's event carries the logits row that chose it

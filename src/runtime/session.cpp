@@ -84,11 +84,12 @@ std::vector<std::vector<float>> Session::decode_batch(const std::vector<Session*
   return out;
 }
 
-void Session::plan_decode(int32_t token) {
+void Session::plan_decode(int32_t token, bool observe) {
   if (prefill_pending()) fail("decode", "the prompt is still being prefilled");
   if (planned_ == Planned::Verify) fail("decode", "a verification is planned and not yet run");
   planned_ = Planned::Decode;
   planned_tokens_ = {token};
+  planned_observe_ = observe;
 }
 
 void Session::plan_verify(std::vector<int32_t> run) {
@@ -97,6 +98,7 @@ void Session::plan_verify(std::vector<int32_t> run) {
   if (run.empty()) fail("speculative", "nothing to verify");
   checkpoint_ = VerifyCheckpoint(model_.config(), state_, static_cast<int64_t>(run.size()));
   planned_ = Planned::Verify;
+  planned_observe_ = true;
   planned_tokens_ = std::move(run);
 }
 
@@ -108,7 +110,7 @@ void Session::run_planned(const std::vector<Session*>& sessions) {
     if (&s->model_ != &sessions[0]->model_) fail("session", "sessions of different models cannot share a forward");
     ForwardOptions opt;
     opt.index_keys = s->options_.index_keys;
-    opt.dspark_taps = static_cast<bool>(s->observer_);
+    opt.dspark_taps = s->observer_ && s->planned_observe_;
     if (s->planned_ == Planned::Verify) {
       opt.all_logits = true;
       opt.record_compressor_rows = true;
@@ -129,7 +131,7 @@ void Session::run_planned(const std::vector<Session*>& sessions) {
     s.result_ = std::move(results[i]);
     if (s.planned_ == Planned::Decode) {
       s.history_.push_back(s.planned_tokens_[0]);
-      if (s.observer_) s.observer_(s.state_, s.result_, s.state_.length - 1, 1);
+      if (s.observer_ && s.planned_observe_) s.observer_(s.state_, s.result_, s.state_.length - 1, 1);
       s.planned_ = Planned::None;
     } else {
       s.planned_ = Planned::Verified;

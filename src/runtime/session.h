@@ -16,8 +16,6 @@
 
 namespace dsv41 {
 
-constexpr int64_t kDefaultPrefillChunk = 512;
-
 struct SessionOptions {
   PrefillMode prefill_mode = PrefillMode::Exact;
   // Prompt tokens per forward call: activations grow with the call, not the context, so this bounds
@@ -56,11 +54,12 @@ class Session {
   // A step planned per session and run for several in one forward (what decode_batch does, open to a
   // scheduler that mixes plain decodes with speculative verifications): each session plans one
   // thing, run_planned runs them all in one Model::forward, and each then reads its result.
-  //  - plan_decode(token): appends the token (the result's logits predict the next one);
+  //  - plan_decode(token, observe): appends the token (the result's logits predict the next one);
+  //    observe = false leaves the observer (a drafter) out of this step, taps and all;
   //  - plan_verify(run): runs `run` (the newest token, then drafts) with every row's logits, keeping
   //    a checkpoint; keep_verified(n) then keeps run[0..n) and rolls every kind of state back to
   //    exactly what running only those would have left.
-  void plan_decode(int32_t token);
+  void plan_decode(int32_t token, bool observe = true);
   void plan_verify(std::vector<int32_t> run);
   static void run_planned(const std::vector<Session*>& sessions);
   const ForwardResult& planned_result() const { return result_; }
@@ -89,6 +88,7 @@ class Session {
   // the planned step (plan_decode / plan_verify), its result and the verification's checkpoint
   enum class Planned { None, Decode, Verify, Verified } planned_ = Planned::None;
   std::vector<int32_t> planned_tokens_;
+  bool planned_observe_ = true;
   ForwardResult result_;
   VerifyCheckpoint checkpoint_;
   // the prompt being prefilled step by step

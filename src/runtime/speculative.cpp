@@ -33,30 +33,42 @@ int accept_drafts(const std::vector<std::vector<double>>& target, const std::vec
 
 AcceptanceGuard::AcceptanceGuard(AcceptanceGuardOptions options)
     : options_(options), next_pause_(options.pause_steps) {
-  if (options_.window < 1 || options_.pause_steps < 1 || options_.max_pause_steps < options_.pause_steps) {
-    fail("acceptance guard", "needs window >= 1 and 1 <= pause_steps <= max_pause_steps");
+  if (options_.window < 1 || options_.probe_steps < 1 || options_.pause_steps < 1 ||
+      options_.max_pause_steps < options_.pause_steps) {
+    fail("acceptance guard", "needs window >= 1, probe_steps >= 1 and 1 <= pause_steps <= max_pause_steps");
   }
 }
 
-void AcceptanceGuard::verified(int64_t tokens) {
+void AcceptanceGuard::verified(int64_t tokens, double seconds) {
   if (!options_.enabled) return;
   ++steps_;
   tokens_ += tokens;
+  seconds_ += seconds;
   if (steps_ < options_.window) return;
-  const double per_step = static_cast<double>(tokens_) / static_cast<double>(steps_);
-  steps_ = 0;
-  tokens_ = 0;
-  if (per_step >= options_.min_tokens_per_step) {
-    next_pause_ = options_.pause_steps;  // it pays again: a later failure starts from the first pause
+  if (plain_timed_ == 0) {  // nothing to compare with yet: time a few plain steps, then decide
+    plain_left_ = options_.probe_steps;
     return;
   }
-  paused_left_ = next_pause_;
+  // pays when speculating yields tokens at least as fast as plain steps do
+  const bool pays = static_cast<double>(tokens_) * plain_seconds_ >= seconds_;
+  steps_ = 0;
+  tokens_ = 0;
+  seconds_ = 0;
+  if (pays) {
+    next_pause_ = options_.pause_steps;  // a later failure starts from the first pause again
+    return;
+  }
+  plain_left_ = next_pause_;
   next_pause_ = std::min(next_pause_ * 2, options_.max_pause_steps);
   ++pauses_;
 }
 
-void AcceptanceGuard::plain_step() {
-  if (paused_left_ > 0) --paused_left_;
+void AcceptanceGuard::plain_step(double seconds) {
+  // a running mean of the first few, then an exponential average that follows the context's growth
+  ++plain_timed_;
+  const double weight = 1.0 / static_cast<double>(std::min<int64_t>(plain_timed_, 8));
+  plain_seconds_ += (seconds - plain_seconds_) * weight;
+  if (plain_left_ > 0) --plain_left_;
 }
 
 SpeculativeDecoder::SpeculativeDecoder(Session& session, const Drafter& drafter, Sampler& sampler,
@@ -95,9 +107,13 @@ SpeculativeDecoder::Step SpeculativeDecoder::step(int32_t next) {
 }
 
 void SpeculativeDecoder::plan(int32_t next, int max_drafts) {
+  planned_at_ = std::chrono::steady_clock::now();
   verifying_ = max_drafts >= 1 && guard_.drafting();
   if (!verifying_) {
-    session_.plan_decode(next);
+    // the drafter's rings need only the window before its next draft: none at the end, and during a
+    // pause only its last window_size steps
+    const bool drafts_again = max_drafts >= 1 && guard_.plain_steps_left() <= session_.model().config().window_size;
+    session_.plan_decode(next, drafts_again);
     return;
   }
   const int64_t V = session_.model().config().vocab_size;
@@ -122,12 +138,13 @@ void SpeculativeDecoder::plan(int32_t next, int max_drafts) {
 SpeculativeDecoder::Step SpeculativeDecoder::finish() {
   const int64_t V = session_.model().config().vocab_size;
   const ForwardResult& r = session_.planned_result();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - planned_at_).count();
   Step out;
   if (!verifying_) {  // a plain step: the target's own token
     out.tokens.push_back(sampler_.sample(r.logits.data(), V));
     out.rows = r.logits;
     ++stats_.plain_steps;
-    guard_.plain_step();
+    guard_.plain_step(seconds);
     return out;
   }
   const int64_t K = static_cast<int64_t>(proposals_.size());
@@ -146,7 +163,7 @@ SpeculativeDecoder::Step SpeculativeDecoder::finish() {
   for (int64_t j = 0; j < a; ++j) ++stats_.accepted_per_position[static_cast<size_t>(j)];
   stats_.emitted += a + 1;
   const int64_t pauses = guard_.pauses();
-  guard_.verified(a + 1);
+  guard_.verified(a + 1, seconds);
   stats_.guard_pauses += guard_.pauses() - pauses;
   return out;
 }

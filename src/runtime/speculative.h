@@ -4,6 +4,7 @@
 // rolled back to exactly what it would be had they never been run.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -15,16 +16,19 @@
 namespace dsv41 {
 
 // When drafting stops paying: a verification costs more than a plain decode step (the drafter's
-// forward, its head over the drafted rows, K more rows through the target), so a sequence whose
-// drafts are rarely accepted would be slower speculating than not. The guard measures the tokens each
-// verification yields over a window of steps and, below the bar, decodes plainly for a pause (doubled
-// for every failure in a row, reset by a window that pays) before trying again.
+// forward, its head over the drafted rows, K more rows through the target), and how much more depends
+// on the model and the machine (measured, docs/speculative.md: 3.3x a plain step on tiny, where
+// per-call overhead dominates, about 1.5x at the released widths). So the guard measures both: each
+// window of verifications gives tokens per second speculating; plain steps (a short probe after the
+// first window, then every pause) give the plain rate. A window slower than plain decoding pauses
+// drafting (the pause doubling for every failure in a row, reset by a window that pays) before it is
+// tried again. The times are those the sequence sees: in a batch, the whole step's. While paused, the
+// drafter stops observing the target until its window ring's length of steps before drafting resumes,
+// so a long pause costs plain steps only and the drafter still resumes with its whole window.
 struct AcceptanceGuardOptions {
   bool enabled = true;
   int window = 8;                     // verifications measured before each decision
-  // Tokens a verification must yield on average (the newest token's own is 1): 1.5 = one accepted
-  // draft every second step. docs/speculative.md has the measured cost of a verification it rests on.
-  double min_tokens_per_step = 1.5;
+  int probe_steps = 4;                // plain steps timed after the first window
   int pause_steps = 16;               // plain steps of the first pause
   int max_pause_steps = 256;
 };
@@ -32,16 +36,20 @@ struct AcceptanceGuardOptions {
 class AcceptanceGuard {
  public:
   explicit AcceptanceGuard(AcceptanceGuardOptions options);
-  bool drafting() const { return paused_left_ == 0; }  // whether the next step should speculate
-  void verified(int64_t tokens);  // after a verification that yielded `tokens`
-  void plain_step();              // after a plain step taken during a pause
+  bool drafting() const { return plain_left_ == 0; }  // whether the next step should speculate
+  int plain_steps_left() const { return plain_left_; }  // of the probe or pause under way
+  void verified(int64_t tokens, double seconds);      // after a verification that yielded `tokens`
+  void plain_step(double seconds);                    // after a plain step (a probe or a pause)
   int64_t pauses() const { return pauses_; }
 
  private:
   AcceptanceGuardOptions options_;
   int steps_ = 0;
   int64_t tokens_ = 0;
-  int paused_left_ = 0, next_pause_ = 0;
+  double seconds_ = 0;
+  double plain_seconds_ = 0;  // mean of the plain steps timed (running mean, then an average of 8)
+  int64_t plain_timed_ = 0;
+  int plain_left_ = 0, next_pause_ = 0;
   int64_t pauses_ = 0;
 };
 
@@ -101,6 +109,7 @@ class SpeculativeDecoder {
   SpeculativeStats stats_;
   // the planned step
   bool verifying_ = false;
+  std::chrono::steady_clock::time_point planned_at_;
   std::vector<int32_t> proposals_;
   std::vector<std::vector<double>> q_;
 };

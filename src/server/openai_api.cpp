@@ -7,76 +7,11 @@
 #include <sstream>
 
 #include "server/access_policy.h"
+#include "server/json_fields.h"
 #include "util/error.h"
 
 namespace dsv41::server {
 namespace {
-
-using ojson = nlohmann::ordered_json;
-
-std::string kind(const ojson& v) {
-  if (v.is_number_integer()) return "integer";
-  return v.type_name();
-}
-
-// A present, non-null field, or nullptr: OpenAI clients send null for "not set".
-const ojson* field(const ojson& body, const char* key) {
-  auto it = body.find(key);
-  return it == body.end() || it->is_null() ? nullptr : &*it;
-}
-
-bool get_bool(const ojson& body, const char* key, bool fallback) {
-  const ojson* v = field(body, key);
-  if (v == nullptr) return fallback;
-  if (!v->is_boolean()) throw invalid_request(key, std::string(key) + " must be a boolean, got " + kind(*v));
-  return v->get<bool>();
-}
-
-// A bound as a person writes it: 0, 2, 0.5 (std::to_string would give 0.000000).
-std::string bound(double x) {
-  std::ostringstream s;
-  s << x;
-  return s.str();
-}
-
-double get_number(const ojson& body, const char* key, double fallback, double lo, double hi, bool lo_open = false) {
-  const ojson* v = field(body, key);
-  if (v == nullptr) return fallback;
-  if (!v->is_number()) throw invalid_request(key, std::string(key) + " must be a number, got " + kind(*v));
-  const double x = v->get<double>();
-  if (!(lo_open ? x > lo : x >= lo) || !(x <= hi)) {
-    throw invalid_request(key, std::string(key) + " must be in " + (lo_open ? "(" : "[") + bound(lo) + ", " +
-                                   bound(hi) + "], got " + v->dump());
-  }
-  return x;
-}
-
-// An integer field; integral floats (100.0) are accepted since some JSON writers produce them.
-bool integer_of(const ojson& v, int64_t& out) {
-  if (v.is_number_unsigned()) {
-    const uint64_t u = v.get<uint64_t>();
-    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
-    out = static_cast<int64_t>(u);
-    return true;
-  }
-  if (v.is_number_integer()) {
-    out = v.get<int64_t>();
-    return true;
-  }
-  if (v.is_number_float()) {
-    const double d = v.get<double>();
-    if (std::floor(d) != d || std::fabs(d) > 9.0e15) return false;
-    out = static_cast<int64_t>(d);
-    return true;
-  }
-  return false;
-}
-
-int64_t require_integer(const ojson& v, const std::string& key) {
-  int64_t out = 0;
-  if (!integer_of(v, out)) throw invalid_request(key, key + " must be an integer, got " + (v.is_number() ? v.dump() : kind(v)));
-  return out;
-}
 
 // The model id a request names (the served name or one of its aliases, echoed as given), or the
 // served name when it names none.
@@ -96,24 +31,6 @@ std::string check_model(const ojson& body, const ModelInfo& model) {
 // A request body as a JSON object. Every way the text can fail to be one is a 400 that does not echo
 // the body back: a syntax error (with its position), a number beyond double range (1e309), a
 // nesting deeper than kMaxJsonDepth (checked before parsing, so the parser's stack stays bounded).
-ojson parse_body(std::string_view text) {
-  if (json_depth(text) > kMaxJsonDepth) {
-    throw invalid_request("", "the JSON body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-  }
-  ojson body;
-  try {
-    body = ojson::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw invalid_request("", std::string("We could not parse the JSON body of your request: ") + e.what());
-  } catch (const nlohmann::json::out_of_range&) {
-    throw invalid_request("", "the JSON body holds a number outside the range of a double");
-  } catch (const nlohmann::json::exception&) {
-    throw invalid_request("", "We could not parse the JSON body of your request");
-  }
-  if (!body.is_object()) throw invalid_request("", "the request body must be a JSON object, got " + kind(body));
-  return body;
-}
-
 void parse_common(const ojson& body, ApiRequest& req) {
   if (const ojson* n = field(body, "n")) {
     if (require_integer(*n, "n") != 1) throw invalid_request("n", "n must be 1: one choice per request is supported");
@@ -361,8 +278,29 @@ int json_depth(std::string_view text) {
   return deepest;
 }
 
+ojson parse_json_body(std::string_view text) {
+  if (json_depth(text) > kMaxJsonDepth) {
+    throw invalid_request("", "the JSON body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  }
+  ojson body;
+  try {
+    body = ojson::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw invalid_request("", std::string("We could not parse the JSON body of your request: ") + e.what());
+  } catch (const nlohmann::json::out_of_range&) {
+    throw invalid_request("", "the JSON body holds a number outside the range of a double");
+  } catch (const nlohmann::json::exception&) {
+    throw invalid_request("", "We could not parse the JSON body of your request");
+  }
+  if (!body.is_object()) throw invalid_request("", "the request body must be a JSON object, got " + kind(body));
+  return body;
+}
+
 ApiRequest parse_request(Endpoint endpoint, std::string_view text, const ModelInfo& model) {
-  const ojson body = parse_body(text);
+  return parse_request_json(endpoint, parse_json_body(text), model);
+}
+
+ApiRequest parse_request_json(Endpoint endpoint, const ojson& body, const ModelInfo& model) {
   ApiRequest req;
   req.endpoint = endpoint;
   req.model = check_model(body, model);
@@ -378,7 +316,7 @@ ApiRequest parse_request(Endpoint endpoint, std::string_view text, const ModelIn
 }
 
 nlohmann::json tokenize(std::string_view text, const ModelInfo& model) {
-  const ojson body = parse_body(text);
+  const ojson body = parse_json_body(text);
   check_model(body, model);
   const ojson* prompt = field(body, "prompt");
   const ojson* messages = field(body, "messages");
@@ -401,7 +339,7 @@ nlohmann::json tokenize(std::string_view text, const ModelInfo& model) {
 }
 
 nlohmann::json detokenize(std::string_view text, const ModelInfo& model) {
-  const ojson body = parse_body(text);
+  const ojson body = parse_json_body(text);
   check_model(body, model);
   const ojson* tokens = field(body, "tokens");
   if (tokens == nullptr) throw invalid_request("tokens", "tokens is required");

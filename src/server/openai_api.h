@@ -34,7 +34,7 @@
 
 namespace dsv41::server {
 
-enum class Endpoint { ChatCompletions, Completions };
+enum class Endpoint { ChatCompletions, Completions, Responses };  // Responses: a chat request underneath
 
 // What validation needs to know about the served model.
 struct ModelInfo {
@@ -69,10 +69,15 @@ struct ApiRequest {
   bool tools = false;           // chat: tools were offered
   std::string prompt_text;      // chat: the rendered prompt; completions: the prompt as text
   RequestParams params;         // what the engine gets
+  nlohmann::json responses_echo;  // Responses: the request fields the Response object repeats
 };
 
 // Parses and validates a request body. Throws ApiError (400, or 404 for an unknown model).
 ApiRequest parse_request(Endpoint endpoint, std::string_view body, const ModelInfo& model);
+ApiRequest parse_request_json(Endpoint endpoint, const nlohmann::ordered_json& body, const ModelInfo& model);
+// The body as JSON with the client's key order kept, or a 400: not JSON, not an object, nested past
+// kMaxJsonDepth, or holding a number outside a double's range.
+nlohmann::ordered_json parse_json_body(std::string_view body);
 
 // vLLM's /tokenize: {"prompt": TEXT, "add_special_tokens": true} (BOS first, as a completions
 // prompt) or {"messages": [...]} (the rendered chat prompt, as a chat request), with an optional

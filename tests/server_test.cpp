@@ -33,6 +33,7 @@
 #include "server/metrics_text.h"
 #include "server/openai_api.h"
 #include "server/openai_response.h"
+#include "server_api_util.h"
 #include "server_util.h"
 #include "test_util.h"
 #include "text/chat_output.h"
@@ -46,20 +47,6 @@ using Clock = std::chrono::steady_clock;
 
 // ---------------------------------------------------------------------------------------------
 // Validation (no model: the tiny checkpoint's tokenizer only)
-
-const Tokenizer& tiny_tokenizer() {
-  static const Tokenizer tok = Tokenizer::from_file(test::tiny_model_dir() + "/tokenizer.json");
-  return tok;
-}
-
-ModelInfo tiny_info() {
-  ModelInfo m;
-  m.name = "tiny";
-  m.context_length = 4096;
-  m.bos_id = 0;
-  m.tokenizer = &tiny_tokenizer();
-  return m;
-}
 
 ApiRequest parse_chat(const json& body) { return parse_request(Endpoint::ChatCompletions, body.dump(), tiny_info()); }
 ApiRequest parse_completion(const json& body) { return parse_request(Endpoint::Completions, body.dump(), tiny_info()); }
@@ -75,24 +62,6 @@ std::string with_tools(const json& body, const std::string& tools) {
   std::string text = body.dump();
   text.pop_back();
   return text + ",\"tools\":" + tools + "}";
-}
-
-// Expects `f` to throw ApiError with this status and param (and code, when given); returns it.
-template <typename F>
-ApiError expect_error(F f, int status, const std::string& param, const std::string& code = "") {
-  try {
-    f();
-  } catch (const ApiError& e) {
-    EXPECT_EQ(e.status, status) << e.message;
-    EXPECT_EQ(e.param, param) << e.message;
-    if (!code.empty()) {
-      EXPECT_EQ(e.code, code) << e.message;
-    }
-    EXPECT_FALSE(e.message.empty());
-    return e;
-  }
-  ADD_FAILURE() << "no ApiError (expected status " << status << " about '" << param << "')";
-  return {};
 }
 
 TEST(ServerApi, ErrorBodyHasTheOpenAIShape) {
@@ -345,30 +314,6 @@ TEST(ServerApi, ThinkingKnobsAndToolsShapeThePrompt) {
 
 // ---------------------------------------------------------------------------------------------
 // Response building, driven by made-up engine events
-
-TokenEvent token_event(int32_t token, std::string text, double logprob = -0.5) {
-  TokenEvent e;
-  e.token = token;
-  e.text = std::move(text);
-  e.logprob = logprob;
-  return e;
-}
-
-TokenEvent done_event(const std::string& reason, int64_t prompt, int64_t completion, int64_t cached) {
-  TokenEvent e;
-  e.done = true;
-  e.finish_reason = reason;
-  e.prompt_tokens = prompt;
-  e.completion_tokens = completion;
-  e.cached_tokens = cached;
-  return e;
-}
-
-ChatOutputOptions fixed_ids() {
-  ChatOutputOptions o;
-  o.make_call_id = [](size_t i) { return "call_" + std::to_string(i); };
-  return o;
-}
 
 TEST(ServerResponse, PlainChatCompletion) {
   const ApiRequest req = parse_chat(chat_body({{"thinking", false}, {"max_tokens", 3}}));

@@ -99,7 +99,7 @@ inline Reply post(int port, const std::string& path, const json& body) { return 
 
 struct Stream {
   int status = -1;
-  std::vector<json> events;  // the data payloads before [DONE]
+  std::vector<json> events;  // the data payloads (before [DONE] where the stream has one)
   bool done = false;         // [DONE] was received
   std::string raw;
   std::string error;  // why the response is missing or cut short
@@ -123,8 +123,10 @@ inline Stream post_stream(int port, const std::string& path, const json& body, s
     for (size_t end; (end = pending.find("\n\n")) != std::string::npos;) {
       const std::string event = pending.substr(0, end);
       pending.erase(0, end + 2);
-      if (event.rfind("data: ", 0) != 0) continue;  // a comment (keep-alive)
-      const std::string data_text = event.substr(6);
+      // "data: ..." or, in a typed event, "event: NAME\ndata: ..."; anything else is a comment (keep-alive)
+      const size_t data_at = event.rfind("data: ", 0) == 0 ? 0 : event.find("\ndata: ");
+      if (data_at == std::string::npos) continue;
+      const std::string data_text = event.substr(data_at == 0 ? 6 : data_at + 7);
       if (data_text == "[DONE]") {
         s.done = true;
       } else {

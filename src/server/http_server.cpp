@@ -15,6 +15,8 @@
 #include "server/metrics_text.h"
 #include "server/openai_api.h"
 #include "server/openai_response.h"
+#include "server/responses_api.h"
+#include "server/responses_output.h"
 #include "util/error.h"
 
 namespace dsv41::server {
@@ -29,7 +31,7 @@ struct Route {
   const char* path;
   const char* method;
 };
-constexpr Route kRoutes[] = {{"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"},
+constexpr Route kRoutes[] = {{"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"}, {"/v1/responses", "POST"},
                              {"/v1/debug/render", "POST"},     {"/v1/models", "GET"},
                              {"/tokenize", "POST"},            {"/detokenize", "POST"},
                              {"/health", "GET"},               {"/metrics", "GET"}};
@@ -74,6 +76,53 @@ struct Shared {
   }
 };
 
+// The answer being built for one generation request: chat / completions chunks ("data:" events
+// ending in [DONE]) or Responses events ("event:" and "data:", no [DONE]).
+struct Output {
+  std::shared_ptr<ResponseBuilder> chat;        // /v1/chat/completions, /v1/completions
+  std::shared_ptr<ResponsesBuilder> responses;  // /v1/responses
+
+  bool done() const { return chat ? chat->done() : responses->done(); }
+  const std::optional<ApiError>& failure() const { return chat ? chat->failure() : responses->failure(); }
+  json response() const { return chat ? chat->response() : responses->response(); }
+  // What a stream sends first, before any token.
+  std::string stream_start() {
+    std::string out;
+    if (responses) {
+      for (const ResponsesBuilder::Event& e : responses->start()) out += sse_typed_event(e);
+    }
+    return out;
+  }
+  // What a stream sends for the event; a failure becomes `replace` when one is given (a timeout).
+  std::string stream_text(const TokenEvent& e, const ApiError* replace) {
+    std::string out;
+    if (chat) {
+      const std::vector<json> payloads = chat->add(e);
+      if (chat->done() && chat->failure() && replace) {
+        out += sse_event(error_body(*replace));
+      } else {
+        for (const json& p : payloads) out += sse_event(p);
+      }
+      if (chat->done()) out += kSseDone;
+      return out;
+    }
+    std::vector<ResponsesBuilder::Event> events = responses->add(e);
+    if (responses->done() && responses->failure() && replace && !events.empty()) {
+      events.back() = {"error", {{"type", "error"}, {"code", replace->code}, {"message", replace->message},
+                                 {"param", nullptr}, {"sequence_number", events.back().data["sequence_number"]}}};
+    }
+    for (const ResponsesBuilder::Event& ev : events) out += sse_typed_event(ev);
+    return out;
+  }
+  void add(const TokenEvent& e) {  // a plain request: builds only
+    if (chat) {
+      chat->add(e);
+    } else {
+      responses->add(e);
+    }
+  }
+};
+
 // One generation request between the engine's events and its exchange. Events can come before the
 // request is wired (the engine starts at once), so they wait in `held` until `wire` has run; `mu`
 // keeps the builder to one thread at a time.
@@ -86,7 +135,7 @@ struct Generation {
   bool stream = false;
   std::chrono::milliseconds timeout{0};
   std::shared_ptr<HttpExchange> exchange;
-  std::shared_ptr<ResponseBuilder> builder;
+  Output builder;
   std::shared_ptr<Shared> shared;
   std::chrono::steady_clock::time_point arrived, last_token;
   bool first_token = true;
@@ -124,30 +173,25 @@ struct Generation {
     if (e.token >= 0) first_token = false, last_token = now;
   }
   void take(const TokenEvent& e) {
-    if (builder->done()) return;
+    if (builder.done()) return;
     observe(e);
-    std::vector<json> payloads = builder->add(e);
     if (stream) {
-      std::string out;
-      if (builder->done() && timed_out && builder->failure()) {
-        out += sse_event(error_body(timeout_error()));
-      } else {
-        for (const json& p : payloads) out += sse_event(p);
-      }
-      if (builder->done()) out += kSseDone;
-      exchange->send(std::move(out));
+      const ApiError late = timeout_error();
+      exchange->send(builder.stream_text(e, timed_out ? &late : nullptr));
+    } else {
+      builder.add(e);
     }
-    if (!builder->done()) return;
+    if (!builder.done()) return;
     shared->untrack(id);
     if (stream) {
       exchange->finish();
       shared->count([](HttpCounters& c) { --c.streams_open; });
-    } else if (timed_out && builder->failure()) {
+    } else if (timed_out && builder.failure()) {
       exchange->reply(error_reply(timeout_error()));
-    } else if (builder->failure()) {
-      exchange->reply(error_reply(*builder->failure()));
+    } else if (builder.failure()) {
+      exchange->reply(error_reply(*builder.failure()));
     } else {
-      exchange->reply(json_reply(200, builder->response()));
+      exchange->reply(json_reply(200, builder.response()));
     }
   }
 };
@@ -283,6 +327,7 @@ void HttpServer::Impl::handle(std::shared_ptr<HttpExchange> ex, HttpRequest req)
           const std::string& p = req.head.path;
           if (p == "/v1/chat/completions") return generate(Endpoint::ChatCompletions, ex, req, arrived);
           if (p == "/v1/completions") return generate(Endpoint::Completions, ex, req, arrived);
+          if (p == "/v1/responses") return generate(Endpoint::Responses, ex, req, arrived);
           if (p == "/tokenize") return ex->reply(json_reply(200, tokenize(req.body, info)));
           if (p == "/detokenize") return ex->reply(json_reply(200, detokenize(req.body, info)));
           ApiRequest api = parse_request(Endpoint::ChatCompletions, req.body, info);  // /v1/debug/render
@@ -322,7 +367,8 @@ void HttpServer::Impl::handle(std::shared_ptr<HttpExchange> ex, HttpRequest req)
 // On a worker: parse, submit, and wire the engine's events to the exchange.
 void HttpServer::Impl::generate(Endpoint endpoint, const std::shared_ptr<HttpExchange>& ex, const HttpRequest& req,
                                 std::chrono::steady_clock::time_point arrived) {
-  ApiRequest api = parse_request(endpoint, req.body, info);
+  ApiRequest api = endpoint == Endpoint::Responses ? parse_responses_request(req.body, info)
+                                                   : parse_request(endpoint, req.body, info);
   RequestParams params = std::move(api.params);  // the engine's; the builder needs only the rest
   auto g = std::make_shared<Generation>();
   g->arrived = arrived;
@@ -330,8 +376,12 @@ void HttpServer::Impl::generate(Endpoint endpoint, const std::shared_ptr<HttpExc
   g->timeout = options.request_timeout;
   g->exchange = ex;
   g->shared = shared;
-  g->builder = std::make_shared<ResponseBuilder>(
-      api, engine.tokenizer(), make_response_id(endpoint == Endpoint::ChatCompletions ? "chatcmpl-" : "cmpl-"), unix_now());
+  if (endpoint == Endpoint::Responses) {
+    g->builder.responses = std::make_shared<ResponsesBuilder>(api, make_response_id("resp_"), unix_now());
+  } else {
+    g->builder.chat = std::make_shared<ResponseBuilder>(
+        api, engine.tokenizer(), make_response_id(endpoint == Endpoint::ChatCompletions ? "chatcmpl-" : "cmpl-"), unix_now());
+  }
   try {
     if (shared->stopping) throw ApiError(503, "server_error", "the server is shutting down");
     g->id = engine.submit(std::move(params), [g](const TokenEvent& e) { g->deliver(e); });
@@ -358,6 +408,12 @@ void HttpServer::Impl::generate(Endpoint endpoint, const std::shared_ptr<HttpExc
     shared->count([](HttpCounters& c) { ++c.streams_open; });
     ex->start_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}},
                      ": keep-alive\n\n", options.heartbeat);
+    std::string first;
+    {
+      std::lock_guard<std::mutex> lock(g->mu);  // events may already be arriving (held until wired)
+      first = g->builder.stream_start();
+    }
+    if (!first.empty()) ex->send(std::move(first));
   }
   g->wire();
 }

@@ -1,8 +1,8 @@
 // Drives a running `dsv41 serve` with the official openai npm client, the way applications talk to
 // it: chat (plain and streamed), completions, stop, seed, usage with cached tokens, tools,
-// speculative decoding through the extension field, and an unknown model. Exits non-zero on the
-// first mismatch. The model is random, so checks compare the server with itself (plain vs
-// streamed, same seed twice) rather than with fixed text.
+// speculative decoding through the extension field, the Responses API, and an unknown model. Exits
+// non-zero on the first mismatch. The model is random, so checks compare the server with itself
+// (plain vs streamed, same seed twice) rather than with fixed text.
 //
 // usage: DSV41_BASE_URL=http://127.0.0.1:PORT/v1 DSV41_MODEL=NAME node openai_client.mjs
 import OpenAI from "openai";
@@ -178,6 +178,28 @@ async function main() {
     check(false, "an unknown speculative method is refused");
   } catch (e) {
     check(e instanceof OpenAI.BadRequestError && e.param === "speculative", "unknown method is a 400 naming speculative", String(e));
+  }
+
+  // the Responses API, plain and streamed (the SDK's output_text joins the message text)
+  const respReq = { model, input: "Write one line about a lighthouse.", max_output_tokens: 8, temperature: 0,
+                    ignore_eos: true, thinking: false };
+  const resp = await client.responses.create(respReq);
+  check(resp.object === "response" && resp.status === "incomplete", "responses object, incomplete at max_output_tokens", resp);
+  check(resp.usage.output_tokens === 8, "responses usage", resp.usage);
+  check(typeof resp.output_text === "string" && resp.output_text.length > 0, "responses output_text", resp.output);
+  let respText = "";
+  let lastType = null;
+  for await (const ev of await client.responses.create({ ...respReq, stream: true })) {
+    if (ev.type === "response.output_text.delta") respText += ev.delta;
+    lastType = ev.type;
+  }
+  check(respText === resp.output_text, "streamed responses text equals the plain one", [respText, resp.output_text]);
+  check(lastType === "response.incomplete", "the stream ends with response.incomplete", lastType);
+  try {
+    await client.responses.create({ ...respReq, previous_response_id: "resp_unknown" });
+    check(false, "previous_response_id is refused");
+  } catch (e) {
+    check(e instanceof OpenAI.BadRequestError && e.param === "previous_response_id", "previous_response_id is a 400 naming it", String(e));
   }
 
   // errors come back as OpenAI errors

@@ -1,6 +1,6 @@
 // A bounded soak: one server, a mix of well-behaved and hostile clients for a fixed time (60 s;
-// 20 s under the sanitizers): streamed and plain requests whose greedy answers must equal what each
-// prompt gets alone, clients that abandon streams or plain requests, slow readers, tricklers,
+// 20 s under the sanitizers): streamed and plain requests, speculative ones among them, whose greedy
+// answers must equal what each prompt gets alone, clients that abandon streams or plain requests, slow readers, tricklers,
 // malformed and refused requests, and probes of /health and /metrics. It ends with no error on a
 // well-formed request, every refused one refused with a 4xx, no leaked pages, and the resident set
 // within 10% of its size after warm-up (the first quarter).
@@ -32,7 +32,7 @@ double rss_mb() {
 
 struct Tally {
   std::mutex mu;
-  int ok = 0, abandoned = 0, refused = 0, probes = 0;
+  int ok = 0, abandoned = 0, refused = 0, probes = 0, speculative = 0;
   std::vector<std::string> failures;
   void fail(const std::string& what) {
     std::lock_guard<std::mutex> lock(mu);
@@ -105,6 +105,26 @@ TEST(ServerSoak, MixedClientsLeaveNoErrorsNoLeaksNoGrowth) {
       t.add(t.ok);
     });
   }
+  client([&](std::mt19937& rng) {  // speculative (DSpark, streamed or not), checked against plain greedy
+    const size_t i = rng() % prompts.size();
+    const bool stream = rng() % 2 == 0;
+    json body = greedy(prompts[i], 8, stream);
+    body["speculative"] = "dspark";
+    if (rng() % 2 == 0) body["draft_length"] = 1 + static_cast<int>(rng() % 4);
+    std::string text;
+    if (stream) {
+      const Stream st = post_stream(s.port(), "/v1/completions", body);
+      if (st.status != 200 || !st.done) return t.fail("speculative stream: status " + std::to_string(st.status) + " " + st.error);
+      text = streamed_completion(st);
+    } else {
+      const Reply r = post(s.port(), "/v1/completions", body);
+      if (r.status != 200) return t.fail("speculative: status " + std::to_string(r.status) + " " + r.raw.substr(0, 200));
+      text = r.body["choices"][0]["text"];
+    }
+    if (text != alone[i]) return t.fail("speculative: answer differs for prompt " + std::to_string(i));
+    t.add(t.ok);
+    t.add(t.speculative);
+  });
   client([&](std::mt19937& rng) {  // abandons a stream after a few events
     post_stream(s.port(), "/v1/completions", greedy(prompts[rng() % prompts.size()], 500, true), 1 + rng() % 4);
     t.add(t.abandoned);
@@ -187,9 +207,10 @@ TEST(ServerSoak, MixedClientsLeaveNoErrorsNoLeaksNoGrowth) {
   for (std::thread& c : clients) c.join();
 
   for (const std::string& f : t.failures) ADD_FAILURE() << f;
-  std::printf("[ soak ] %.0f s: %d answers checked, %d abandoned, %d refused, %d probes\n", seconds, t.ok, t.abandoned,
-              t.refused, t.probes);
+  std::printf("[ soak ] %.0f s: %d answers checked (%d speculative), %d abandoned, %d refused, %d probes\n", seconds,
+              t.ok, t.speculative, t.abandoned, t.refused, t.probes);
   EXPECT_GT(t.ok, 20);
+  EXPECT_GT(t.speculative, 5);
   EXPECT_GT(t.abandoned, 5);
   EXPECT_GT(t.refused, 20);
 

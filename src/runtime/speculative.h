@@ -27,10 +27,13 @@ namespace dsv41 {
 // so a long pause costs plain steps only and the drafter still resumes with its whole window.
 struct AcceptanceGuardOptions {
   bool enabled = true;
-  int window = 8;                     // verifications measured before each decision
-  int probe_steps = 4;                // plain steps timed after the first window
-  int pause_steps = 16;               // plain steps of the first pause
-  int max_pause_steps = 256;
+  // Each window that does not pay costs its verifications' excess over plain steps, so the window is
+  // short and the pauses grow long: at most `window` verifications per max_pause_steps plain steps
+  // once drafting has failed a few times (docs/speculative.md measures the bound).
+  int window = 4;                     // verifications measured before each decision
+  int probe_steps = 2;                // plain steps timed after the first window
+  int pause_steps = 32;               // plain steps of the first pause
+  int max_pause_steps = 1024;
 };
 
 class AcceptanceGuard {

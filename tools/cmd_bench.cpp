@@ -22,8 +22,7 @@
 #include "io/engram_store.h"
 #include "model/tensor_layout.h"
 #include "runtime/engine.h"
-#include "runtime/prefix_cache.h"
-#include "runtime/session.h"
+#include "runtime/cache_mode.h"
 #include "util/error.h"
 
 namespace dsv41::cli {
@@ -75,10 +74,6 @@ std::vector<int64_t> count_list(const Args& args, const std::string& flag, const
   return out;
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 std::vector<int32_t> random_prompt(int64_t n, int64_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<int32_t> v(static_cast<size_t>(n));
@@ -107,23 +102,74 @@ struct Limits {
   double peak_gflops = 0;  // the best unit's register-only peak on all the backend's cores
 };
 
-nlohmann::json bench_decode(const Model& m, StatePools& pools, const std::vector<int64_t>& contexts, int steps,
-                            const Limits& lim) {
-  const double bytes = active_decode_bytes(m.config());
-  nlohmann::json out = nlohmann::json::array();
-  for (int64_t ctx : contexts) {
-    Session s(m, pools, {});
-    std::vector<float> logits = s.prefill(random_prompt(ctx, m.config().vocab_size, 1));
-    // One untimed step first, so the figure is the steady per-token rate: the step right after a
-    // prefill may also allocate the sequence's next state pages.
-    logits = s.decode(5);
-    const auto t0 = std::chrono::steady_clock::now();
-    int32_t tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    for (int i = 0; i < steps; ++i) {
-      logits = s.decode(tok);
-      tok = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+// One request through an engine, with when each of its events arrived.
+struct Timed {
+  std::chrono::steady_clock::time_point submitted, done;
+  std::vector<std::chrono::steady_clock::time_point> tokens;
+  TokenEvent last;
+};
+
+Timed run_request(Engine& e, RequestParams p) {
+  Timed t;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool finished = false;
+  t.submitted = std::chrono::steady_clock::now();
+  e.submit(std::move(p), [&](const TokenEvent& ev) {
+    const auto now = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> lock(mu);
+    if (ev.token >= 0) t.tokens.push_back(now);
+    if (ev.done) {
+      t.done = now;
+      t.last = ev;
+      finished = true;
+      cv.notify_all();
     }
-    const double tok_s = steps / seconds_since(t0);
+  });
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return finished; });
+  if (t.last.finish_reason == "error") fail("bench", t.last.error);
+  return t;
+}
+
+double between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// The engine options every scenario starts from: the loaded model, one sequence, prompts in calls
+// of the tools' default chunk, no KV admission limit, and no prompt cache unless the scenario is
+// about it (random prompts of one seed share prefixes).
+EngineOptions bench_engine(const std::string& dir, const std::shared_ptr<const Model>& m) {
+  EngineOptions eo;
+  eo.model_dir = dir;
+  eo.model = m;
+  eo.parallel = 1;
+  eo.prefill_chunk = kDefaultPrefillChunk;
+  eo.kv_budget_bytes = uint64_t{1} << 60;
+  eo.cache_ram_bytes = 0;
+  return eo;
+}
+
+RequestParams bench_request(std::vector<int32_t> prompt, int64_t max_tokens) {
+  RequestParams p;
+  p.prompt = std::move(prompt);
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  p.sampling.temperature = 0;
+  p.speculative = SpeculativeMethod::Off;
+  return p;
+}
+
+nlohmann::json bench_decode(const std::string& dir, const std::shared_ptr<const Model>& m,
+                            const std::vector<int64_t>& contexts, int steps, const Limits& lim) {
+  const double bytes = active_decode_bytes(m->config());
+  nlohmann::json out = nlohmann::json::array();
+  Engine e(bench_engine(dir, m));
+  for (int64_t ctx : contexts) {
+    // The first token comes from the prefill and the second step may also allocate the sequence's
+    // next state pages: the steady per-token rate is timed from the second token on.
+    const Timed t = run_request(e, bench_request(random_prompt(ctx, m->config().vocab_size, 1), steps + 2));
+    const double tok_s = steps / between(t.tokens[1], t.tokens.back());
     out.push_back({{"context", ctx}, {"tok_s", tok_s}, {"active_bytes_per_token", bytes},
                    {"bandwidth_efficiency", bytes * tok_s / (lim.bandwidth_gbs * 1e9)}});
     std::fprintf(stderr, "  decode at context %lld: %.2f tok/s\n", static_cast<long long>(ctx), tok_s);
@@ -131,21 +177,19 @@ nlohmann::json bench_decode(const Model& m, StatePools& pools, const std::vector
   return out;
 }
 
-nlohmann::json bench_cold_prefill(const Model& m, StatePools& pools, const std::vector<int64_t>& lengths,
-                                  const Limits& lim) {
-  const ModelConfig& c = m.config();
+nlohmann::json bench_cold_prefill(const std::string& dir, const std::shared_ptr<const Model>& m,
+                                  const std::vector<int64_t>& lengths, const Limits& lim) {
+  const ModelConfig& c = m->config();
   const ParamCounts p = count_params(c);
   const double head = static_cast<double>(c.vocab_size * c.dim);
   nlohmann::json out = nlohmann::json::array();
+  Engine e(bench_engine(dir, m));
   for (int64_t n : lengths) {
     for (PrefillMode mode : {PrefillMode::Exact, PrefillMode::Tail}) {
-      SessionOptions so;
-      so.prefill_mode = mode;
-      Session s(m, pools, so);
-      const std::vector<int32_t> prompt = random_prompt(n, c.vocab_size, 2);
-      const auto t0 = std::chrono::steady_clock::now();
-      s.prefill(prompt);
-      const double secs = seconds_since(t0);
+      RequestParams r = bench_request(random_prompt(n, c.vocab_size, 2), 1);
+      r.prefill_mode = mode;
+      const Timed t = run_request(e, std::move(r));
+      const double secs = between(t.submitted, t.tokens.front());  // the prefill and its first token
       // FLOPs: 2 per active weight per row; tail mode runs the late layers on `window` rows only
       const double late = static_cast<double>(p.active_decode) - head - static_cast<double>(p.active_prefill);
       const double rows_late = mode == PrefillMode::Tail ? std::min<double>(static_cast<double>(n), c.window_size) : static_cast<double>(n);
@@ -186,65 +230,61 @@ nlohmann::json bench_gemm(const Backend& backend, const std::vector<int64_t>& ro
   return out;
 }
 
-// Time to first token when the first 90% of the prompt is cached, against a cold prefill.
-nlohmann::json bench_prefix_hit(const Model& m, StatePools& pools, int64_t n) {
-  const std::vector<int32_t> prompt = random_prompt(n, m.config().vocab_size, 3);
+// Time to first token when the first 90% of the prompt is cached, against a cold prefill: the stem
+// is run (prefill only) through an engine with a prompt cache, then the whole prompt through the same
+// engine (RAM tier) or through a new engine on the cache's folder (disk tier: only the files remain).
+nlohmann::json bench_prefix_hit(const std::string& dir, const std::shared_ptr<const Model>& m, int64_t n) {
+  const std::vector<int32_t> prompt = random_prompt(n, m->config().vocab_size, 3);
   const std::vector<int32_t> stem(prompt.begin(), prompt.begin() + n * 9 / 10);
+  auto ttft = [&](Engine& e) {
+    const Timed t = run_request(e, bench_request(prompt, 1));
+    return std::pair<double, int64_t>{between(t.submitted, t.tokens.front()), t.last.cached_tokens};
+  };
   double cold = 0;
   {
-    Session s(m, pools, {});
-    const auto t0 = std::chrono::steady_clock::now();
-    s.prefill(prompt);
-    cold = seconds_since(t0);
+    Engine e(bench_engine(dir, m));
+    cold = ttft(e).first;
   }
   nlohmann::json out = nlohmann::json::array();
-  const std::string dir = (std::filesystem::temp_directory_path() / ("dsv41-bench-" + std::to_string(getpid()))).string();
+  const std::string folder = (std::filesystem::temp_directory_path() / ("dsv41-bench-" + std::to_string(getpid()))).string();
   for (const char* tier : {"ram", "disk"}) {
     for (CacheMode mode : {CacheMode::Exact, CacheMode::Replay}) {
-      std::filesystem::remove_all(dir);
-      std::filesystem::create_directories(dir);
-      int64_t cached = 0;
-      double ttft = 0;
+      std::filesystem::remove_all(folder);
+      EngineOptions eo = bench_engine(dir, m);
+      eo.cache_mode = mode;
+      eo.cache_ram_bytes = uint64_t{8} << 30;
+      const bool disk = std::string(tier) == "disk";
+      if (disk) eo.prompt_cache_dir = folder;
+      std::pair<double, int64_t> hit;
       {
-        PrefixCache writer(m, pools, mode, uint64_t{8} << 30, std::string(tier) == "disk" ? dir : "");
-        Session first(m, pools, {}, &writer);
-        first.prefill(stem);
-        if (std::string(tier) == "ram") {
-          Session s(m, pools, {}, &writer);
-          const auto t0 = std::chrono::steady_clock::now();
-          s.prefill(prompt);
-          ttft = seconds_since(t0);
-          cached = s.cache_hit().cached_tokens;
-        }
+        Engine writer(eo);
+        run_request(writer, bench_request(stem, 0));
+        if (!disk) hit = ttft(writer);
       }
-      if (std::string(tier) == "disk") {  // a fresh cache object: only the files remain
-        PrefixCache reader(m, pools, mode, uint64_t{8} << 30, dir);
-        Session s(m, pools, {}, &reader);
-        const auto t0 = std::chrono::steady_clock::now();
-        s.prefill(prompt);
-        ttft = seconds_since(t0);
-        cached = s.cache_hit().cached_tokens;
+      if (disk) {
+        Engine reader(eo);
+        hit = ttft(reader);
       }
-      out.push_back({{"prompt_tokens", n}, {"cached_tokens", cached}, {"tier", tier},
-                     {"mode", cache_mode_name(mode)}, {"ttft_s", ttft}, {"cold_ttft_s", cold},
-                     {"speedup", cold / ttft}});
-      std::fprintf(stderr, "  prefix hit %s/%s: %.3f s vs cold %.3f s\n", tier, cache_mode_name(mode), ttft, cold);
+      out.push_back({{"prompt_tokens", n}, {"cached_tokens", hit.second}, {"tier", tier},
+                     {"mode", cache_mode_name(mode)}, {"ttft_s", hit.first}, {"cold_ttft_s", cold},
+                     {"speedup", cold / hit.first}});
+      std::fprintf(stderr, "  prefix hit %s/%s: %.3f s vs cold %.3f s\n", tier, cache_mode_name(mode), hit.first, cold);
     }
   }
-  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(folder);
   return out;
 }
 
 // Aggregate decode throughput of N concurrent streams through the engine's scheduler, counted once
 // every stream has its first token (so the streams' prefills are not in it).
-nlohmann::json bench_concurrency(const std::string& dir, const std::shared_ptr<const Backend>& backend,
+nlohmann::json bench_concurrency(const std::string& dir, const std::shared_ptr<const Model>& m,
                                  const std::vector<int>& streams, int tokens) {
   nlohmann::json out = nlohmann::json::array();
   for (int n : streams) {
     EngineOptions eo;
     eo.model_dir = dir;
+    eo.model = m;
     eo.parallel = n;
-    eo.backend = backend;
     Engine e(eo);
     std::mutex mu;
     std::condition_variable cv;
@@ -393,13 +433,9 @@ int run_bench(int argc, char** argv) {
   report["machine"] = {{"bandwidth_gbs", lim.bandwidth_gbs}, {"peaks", peak_json}, {"peaks_per_core", per_core},
                        {"peak_gflops", lim.peak_gflops}, {"peak_unit", peaks.front().unit},
                        {"cores", backend->threads()}, {"isa", backend->name()}};
-  std::unique_ptr<Model> model;
-  std::unique_ptr<StatePools> pools;
+  std::shared_ptr<const Model> model;  // loaded once; every scenario's engines share it
   auto need_model = [&] {
-    if (!model) {
-      model = load_model(dir, {backend});
-      pools = std::make_unique<StatePools>(model->config(), model->roles(), backend->allocator());
-    }
+    if (!model) model = load_model(dir, {backend});
   };
   for (const std::string& name : names) {
     std::fprintf(stderr, "%s...\n", name.c_str());
@@ -409,15 +445,16 @@ int run_bench(int argc, char** argv) {
       report["engram"] = bench_engram(dir, steps > 0 ? steps : 2000, io_threads);
     } else if (name == "decode") {
       need_model();
-      report["decode"] = bench_decode(*model, *pools, lengths, steps > 0 ? steps : 8, lim);
+      report["decode"] = bench_decode(dir, model, lengths, steps > 0 ? steps : 8, lim);
     } else if (name == "cold-prefill") {
       need_model();
-      report["cold_prefill"] = bench_cold_prefill(*model, *pools, lengths, lim);
+      report["cold_prefill"] = bench_cold_prefill(dir, model, lengths, lim);
     } else if (name == "prefix-hit") {
       need_model();
-      report["prefix_hit"] = bench_prefix_hit(*model, *pools, lengths.back());
+      report["prefix_hit"] = bench_prefix_hit(dir, model, lengths.back());
     } else if (name == "concurrency") {
-      report["concurrency"] = bench_concurrency(dir, backend, {1, 2, 4, 8}, steps > 0 ? steps : 8);
+      need_model();
+      report["concurrency"] = bench_concurrency(dir, model, {1, 2, 4, 8}, steps > 0 ? steps : 8);
     }
   }
   if (args.has("--plot")) write_plot(args.get("--plot"), report);

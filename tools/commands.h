@@ -12,5 +12,6 @@ int run_logits_diff(int argc, char** argv);
 int run_bench(int argc, char** argv);
 int run_serve(int argc, char** argv);
 int run_chat(int argc, char** argv);
+int run_ppl(int argc, char** argv);
 
 }  // namespace dsv41::cli

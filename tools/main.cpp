@@ -25,6 +25,7 @@ commands:
   bench -m DIR [--scenario engram] [--json]     measure the engine on a model
   serve -m DIR [--host H] [--port N]            the OpenAI-compatible HTTP server
   chat -m DIR                                   an interactive conversation in the terminal
+  ppl -m DIR -f FILE [--ctx N]                  perplexity of a text, chunk by chunk
 
 'dsv41 <command> --help' describes a command.
 )";
@@ -50,6 +51,7 @@ int main(int argc, char** argv) {
     if (command == "bench") return dsv41::cli::run_bench(argc - 2, argv + 2);
     if (command == "serve") return dsv41::cli::run_serve(argc - 2, argv + 2);
     if (command == "chat") return dsv41::cli::run_chat(argc - 2, argv + 2);
+    if (command == "ppl") return dsv41::cli::run_ppl(argc - 2, argv + 2);
     std::fprintf(stderr, "dsv41: unknown command '%s'\n\n%s", command.c_str(), kUsage);
     return 2;
   } catch (const dsv41::Error& e) {

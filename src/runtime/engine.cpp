@@ -67,7 +67,7 @@ struct Engine::Impl {
 
   EngineOptions opt;
   std::function<void(const std::string&)> log;  // opt.log, or stderr
-  std::unique_ptr<Model> model;
+  std::shared_ptr<const Model> model;
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<StatePools> pools;
   std::unique_ptr<PrefixCache> cache;
@@ -106,7 +106,7 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
                       : [](const std::string& line) { std::fprintf(stderr, "dsv41 engine: %s\n", line.c_str()); };
   if (options.parallel < 1) fail("--parallel", "must be at least 1");
   if (options.prefill_chunk < 1) fail("prefill chunk", "must be at least 1");
-  m.model = load_model(options.model_dir, {options.backend, options.engram});
+  m.model = options.model ? options.model : std::shared_ptr<const Model>(load_model(options.model_dir, {options.backend, options.engram}));
   m.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_file(options.model_dir + "/tokenizer.json"));
   const ModelConfig& c = m.model->config();
   m.pools = std::make_unique<StatePools>(c, m.model->roles(), m.model->backend().allocator());

@@ -24,6 +24,7 @@
 namespace dsv41 {
 
 class Backend;  // kernels/backend.h: what the model's math runs on
+class Model;    // model/model.h: the loaded weights and the forward pass
 
 struct EngineOptions {
   std::string model_dir;
@@ -36,6 +37,9 @@ struct EngineOptions {
   uint64_t cache_ram_bytes = uint64_t{256} << 20;
   EngramTier engram = EngramTier::Mmap;
   std::shared_ptr<const Backend> backend;    // null: the best kernel level, one thread per core
+  // A model already loaded from model_dir (tools that run several engines on one model, such as
+  // bench); null: the engine loads it, with `backend` and `engram`.
+  std::shared_ptr<const Model> model;
   // Speculative decoding for requests that do not choose (RequestParams::speculative), and its draft
   // length (0: adaptive, from DSpark's confidence head). DSpark needs a model with mtp.* blocks.
   SpeculativeMethod speculative = SpeculativeMethod::Off;

@@ -1,0 +1,151 @@
+// dsv41 ppl: perplexity of a text file, through the Engine like every other command. As
+// llama-perplexity does, the tokenized text is cut into chunks of --ctx tokens (BOS first); each
+// chunk's first half is its context and its second half is scored: every token there is fed as the
+// model's output (teacher forcing) and its log-probability under the model's logits is summed.
+// Chunks run as concurrent requests, so their decode steps are batched.
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend_env.h"
+#include "cli.h"
+#include "commands.h"
+#include "runtime/engine.h"
+#include "util/error.h"
+
+namespace dsv41::cli {
+
+namespace {
+
+constexpr const char* kHelp = R"(usage: dsv41 ppl -m DIR -f FILE [options]
+
+  -m, --model DIR        model folder
+  -f, --file FILE        the text to score (UTF-8)
+      --ctx N            tokens per chunk, BOS included (default 512); the second half is scored
+      --chunks N         score at most N chunks (default: all of the text)
+      --parallel N       chunks run at once (default 4)
+      --json             print one JSON object instead of the running figures
+)";
+
+struct Chunk {
+  double nll = 0;  // summed over the scored tokens
+  int64_t scored = 0;
+  bool done = false;
+  std::string error;
+};
+
+}  // namespace
+
+int run_ppl(int argc, char** argv) {
+  if (wants_help(argc, argv)) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  Args args("ppl", argc, argv, {"--model", "--file", "--ctx", "--chunks", "--parallel"}, {"--json"},
+            {{"-m", "--model"}, {"-f", "--file"}});
+  if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
+  const std::string path = args.required("--file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, "cannot be opened");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const int64_t ctx = args.get_int("--ctx", 512, 4, int64_t{1} << 24);
+  const int64_t max_chunks = args.get_int("--chunks", 0, 0, int64_t{1} << 30);
+  const bool json_out = args.has("--json");
+
+  EngineOptions eo;
+  eo.model_dir = args.required("--model");
+  eo.parallel = static_cast<int>(args.get_int("--parallel", 4, 1, 4096));
+  eo.kv_budget_bytes = uint64_t{1} << 60;  // one job: its chunks are bounded by --parallel
+  eo.cache_ram_bytes = 0;                  // chunks share no prefix
+  eo.backend = backend_from_environment();
+  eo.log = [](const std::string& line) { std::fprintf(stderr, "dsv41 ppl: warning: %s\n", line.c_str()); };
+  Engine engine(eo);
+  if (ctx > engine.config().max_seq_len) {
+    fail("--ctx", "must be at most the model's context of " + std::to_string(engine.config().max_seq_len));
+  }
+  const std::vector<int32_t> tokens = engine.tokenizer().encode(text);
+  const int64_t per_chunk = ctx - 1;  // after BOS
+  int64_t n_chunks = static_cast<int64_t>(tokens.size()) / per_chunk;
+  if (max_chunks > 0) n_chunks = std::min(n_chunks, max_chunks);
+  if (n_chunks == 0) {
+    fail(path, "has " + std::to_string(tokens.size()) + " tokens, fewer than one chunk of --ctx " + std::to_string(ctx) +
+                   " needs (" + std::to_string(per_chunk) + ")");
+  }
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Chunk> chunks(static_cast<size_t>(n_chunks));
+  const int64_t context = ctx / 2;  // tokens of the chunk before the scored ones, BOS included
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    std::vector<int32_t> chunk = {static_cast<int32_t>(engine.config().bos_token_id)};
+    chunk.insert(chunk.end(), tokens.begin() + c * per_chunk, tokens.begin() + (c + 1) * per_chunk);
+    RequestParams p;
+    p.prompt.assign(chunk.begin(), chunk.begin() + context);
+    p.forced_output.assign(chunk.begin() + context, chunk.end());
+    p.max_tokens = static_cast<int64_t>(p.forced_output.size());
+    p.ignore_eos = true;
+    p.top_logprobs = 0;  // each event's logprob: the forced token's under the model's logits
+    p.speculative = SpeculativeMethod::Off;
+    Chunk& out = chunks[static_cast<size_t>(c)];
+    engine.submit(std::move(p), [&mu, &cv, &out](const TokenEvent& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (e.token >= 0) {
+        out.nll -= e.logprob;
+        ++out.scored;
+      }
+      if (e.done) {
+        out.done = true;
+        if (e.finish_reason == "error") out.error = e.error;
+        cv.notify_all();
+      }
+    });
+  }
+  double nll = 0;
+  int64_t scored = 0;
+  std::vector<double> chunk_means;  // every chunk scores the same number of tokens
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    Chunk& ch = chunks[static_cast<size_t>(c)];
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return ch.done; });
+    }
+    if (!ch.error.empty()) fail("ppl", "chunk " + std::to_string(c) + ": " + ch.error);
+    nll += ch.nll;
+    scored += ch.scored;
+    chunk_means.push_back(ch.nll / static_cast<double>(std::max<int64_t>(ch.scored, 1)));
+    if (!json_out) std::fprintf(stderr, "[%lld] %.4f\n", static_cast<long long>(c + 1), std::exp(nll / static_cast<double>(scored)));
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double mean = nll / static_cast<double>(scored);
+  // the uncertainty of the mean NLL from the spread of the chunks' means (the chunks are the samples)
+  double var = 0;
+  for (double m : chunk_means) var += (m - mean) * (m - mean);
+  const double stderr_nll = n_chunks > 1 ? std::sqrt(var / static_cast<double>(n_chunks - 1) / static_cast<double>(n_chunks)) : 0.0;
+  const double ppl = std::exp(mean);
+  if (json_out) {
+    nlohmann::json j = {{"ppl", ppl},
+                        {"mean_nll", mean},
+                        {"ppl_stderr", ppl * stderr_nll},
+                        {"chunks", n_chunks},
+                        {"ctx", ctx},
+                        {"tokens_scored", scored},
+                        {"seconds", secs},
+                        {"scored_tok_s", static_cast<double>(scored) / secs}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("perplexity %.4f +/- %.4f over %lld tokens in %lld chunks of %lld (%.1f s)\n", ppl, ppl * stderr_nll,
+                static_cast<long long>(scored), static_cast<long long>(n_chunks), static_cast<long long>(ctx), secs);
+  }
+  return 0;
+}
+
+}  // namespace dsv41::cli

@@ -27,6 +27,7 @@
 #include <thread>
 
 #include "runtime/engine.h"
+#include "runtime/session.h"
 #include "server/api_error.h"
 #include "http_lib.h"
 #include "server/http_server.h"
@@ -1058,6 +1059,38 @@ TEST(ServerLive, SpeculativeRequestsGiveThePlainGreedyText) {
   EXPECT_GE(metric_value(metrics, "vllm:spec_decode_num_draft_tokens_total"),
             metric_value(metrics, "vllm:spec_decode_num_accepted_tokens_total"));
   EXPECT_NE(metrics.find("vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"}"), std::string::npos);
+}
+
+// "prefill_mode": "tail" through the server gives what a tail-mode session gives on the same token
+// ids (a 60-token prompt is past the tiny model's 16-token window, so tail mode has its own numerics),
+// and "exact" what an exact one gives.
+TEST(ServerLive, TailPrefillThroughTheServerMatchesATailSession) {
+  LiveServer& s = shared_server();
+  const Model& m = test::tiny_model();
+  std::mt19937 rng(17);
+  std::vector<int32_t> prompt(60);
+  for (auto& t : prompt) t = static_cast<int32_t>(3 + rng() % 990);
+  const int n = 12;
+  auto session_text = [&](PrefillMode mode) {
+    SessionOptions so;
+    so.prefill_mode = mode;
+    Session sess(m, test::pools_for(m), so);
+    std::vector<float> logits = sess.prefill(prompt);
+    std::vector<int32_t> out;
+    for (int i = 0; i < n; ++i) {
+      out.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+      if (i + 1 < n) logits = sess.decode(out.back());
+    }
+    return tiny_tokenizer().decode(out);
+  };
+  for (const char* mode : {"tail", "exact"}) {
+    SCOPED_TRACE(mode);
+    const json body = {{"model", s.engine().model_name()}, {"prompt", prompt}, {"max_tokens", n}, {"temperature", 0},
+                       {"ignore_eos", true}, {"prefill_mode", mode}};
+    const Reply r = post(s.port(), "/v1/completions", body);
+    ASSERT_EQ(r.status, 200) << r.raw;
+    EXPECT_EQ(r.body["choices"][0]["text"], session_text(std::string(mode) == "tail" ? PrefillMode::Tail : PrefillMode::Exact));
+  }
 }
 
 // serve --speculative dspark makes it the default: a request that says nothing speculates, one that

@@ -34,14 +34,6 @@ const CacheSection* find_section(const CacheEntry& e, const std::string& name, i
   return nullptr;
 }
 
-// Rows [0, rows) of a paged class, copied into fresh pages of the same pool.
-bool load_rows(const CacheSection* s, int64_t rows, PagedRows& out) {
-  const size_t rb = out.row_bytes();
-  if (!s || s->bytes.size() % rb != 0 || static_cast<int64_t>(s->bytes.size() / rb) < rows) return false;
-  for (int64_t i = 0; i < rows; ++i) std::memcpy(out.append(), s->bytes.data() + i * rb, rb);
-  return true;
-}
-
 std::vector<uint8_t> rows_bytes(const PagedRows& rows) {
   std::vector<uint8_t> b;
   b.reserve(static_cast<size_t>(rows.size()) * rows.row_bytes());
@@ -121,12 +113,10 @@ CacheHit PrefixCache::restore(const std::vector<int32_t>& prompt, SequenceState&
       main.push_back(b.main_pages[i]);
       keys.push_back(b.key_pages[i]);
     }
-    const int64_t rows = blocks * pools_.rows_per_page(l);
-    st.sources[l]->compressed = PagedRows::adopt(pools_.main_kv(l), st.sources[l]->compressed.row_bytes(), main, rows);
-    st.sources[l]->index_keys = PagedRows::adopt(pools_.index_keys(l), st.sources[l]->index_keys.row_bytes(), keys, rows);
+    adopt_global_rows(st, l, std::move(main), std::move(keys), blocks * pools_.rows_per_page(l));
   }
   const int64_t boundary = blocks * kTokensPerPage;
-  st.length = boundary;
+  set_restored_length(st, boundary);
   m.path.resize(static_cast<size_t>(blocks));
   m.nodes.resize(static_cast<size_t>(blocks));
   tree_.touch(m, ++clock_);
@@ -188,12 +178,13 @@ bool PrefixCache::restore_entry(const std::vector<int32_t>& prompt, const std::s
   SequenceState st = model_.new_sequence(pools_);
   for (int l : sources_) {
     const int64_t rows = best_tokens / model_.config().compress_ratios[l];
-    if (!load_rows(find_section(*entry, "main_kv", l), rows, st.sources[l]->compressed) ||
-        !load_rows(find_section(*entry, "index_keys", l), rows, st.sources[l]->index_keys)) {
+    const CacheSection* main = find_section(*entry, "main_kv", l);
+    const CacheSection* keys = find_section(*entry, "index_keys", l);
+    if (!main || !keys || !load_global_rows(st, l, main->bytes, keys->bytes, rows)) {
       return reject("its rows do not fit this model");
     }
   }
-  st.length = best_tokens;
+  set_restored_length(st, best_tokens);
   if (mode_ == CacheMode::Exact) {
     ShortState s;
     const size_t layers = st.window.size();

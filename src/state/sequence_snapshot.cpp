@@ -48,6 +48,29 @@ size_t ShortState::bytes() const {
   return n;
 }
 
+void adopt_global_rows(SequenceState& st, int layer, std::vector<int32_t> main_pages, std::vector<int32_t> key_pages,
+                       int64_t rows) {
+  KvSourceState& src = *st.sources.at(static_cast<size_t>(layer));
+  src.compressed = PagedRows::adopt(src.compressed.pool(), src.compressed.row_bytes(), std::move(main_pages), rows);
+  src.index_keys = PagedRows::adopt(src.index_keys.pool(), src.index_keys.row_bytes(), std::move(key_pages), rows);
+}
+
+bool load_global_rows(SequenceState& st, int layer, const std::vector<uint8_t>& main, const std::vector<uint8_t>& keys,
+                      int64_t rows) {
+  KvSourceState& src = *st.sources.at(static_cast<size_t>(layer));
+  const auto fits = [rows](const std::vector<uint8_t>& bytes, const PagedRows& to) {
+    return bytes.size() % to.row_bytes() == 0 && static_cast<int64_t>(bytes.size() / to.row_bytes()) >= rows;
+  };
+  if (!fits(main, src.compressed) || !fits(keys, src.index_keys)) return false;
+  for (auto [bytes, to] : {std::pair{&main, &src.compressed}, std::pair{&keys, &src.index_keys}}) {
+    const size_t rb = to->row_bytes();
+    for (int64_t i = 0; i < rows; ++i) std::memcpy(to->append(), bytes->data() + static_cast<size_t>(i) * rb, rb);
+  }
+  return true;
+}
+
+void set_restored_length(SequenceState& st, int64_t tokens) { st.length = tokens; }
+
 void rewind_for_replay(SequenceState& st, int64_t start, std::vector<int64_t> engram_recent, int last_index_keys_layer) {
   st.length = start;
   std::fill(st.window_from.begin(), st.window_from.end(), start);

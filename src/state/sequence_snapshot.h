@@ -1,8 +1,9 @@
 // Snapshot, restore and rollback of a sequence's state (state/sequence_state.h), the only code outside
 // the forward pass that edits one: the prefix cache keeps the short-lived state at a block boundary
-// (ShortState), speculative verification keeps what its forward overwrites and puts back what the
-// rejected positions changed (VerifyCheckpoint), and bounded replay rewinds a restored sequence to the
-// first position it re-runs (rewind_for_replay).
+// (ShortState) and restores global rows (adopt_global_rows, load_global_rows), speculative
+// verification keeps what its forward overwrites and puts back what the rejected positions changed
+// (VerifyCheckpoint), and bounded replay rewinds a restored sequence to the first position it re-runs
+// (rewind_for_replay).
 #pragma once
 
 #include <cstddef>
@@ -28,6 +29,16 @@ struct ShortState {
   void apply_to(SequenceState& state) const;
   size_t bytes() const;
 };
+
+// A fresh sequence's global rows restored from a prefix cache, and its length set to the `tokens`
+// they cover. adopt_global_rows takes over page references the caller holds (a RAM-tier block);
+// load_global_rows copies packed rows into fresh pages and returns false, leaving the layer empty,
+// when `main` or `keys` holds fewer than `rows` whole rows (a file that does not fit this model).
+void adopt_global_rows(SequenceState& state, int layer, std::vector<int32_t> main_pages, std::vector<int32_t> key_pages,
+                       int64_t rows);
+bool load_global_rows(SequenceState& state, int layer, const std::vector<uint8_t>& main, const std::vector<uint8_t>& keys,
+                      int64_t rows);
+void set_restored_length(SequenceState& state, int64_t tokens);
 
 // Rewinds a sequence whose global rows are restored up to some boundary so that a replay re-runs
 // positions [start, boundary): its windows start at `start`, with the given Engram history (of the

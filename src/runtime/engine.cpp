@@ -208,6 +208,8 @@ EngineMetrics Engine::metrics() const {
   return impl_->stats;
 }
 
+namespace {
+
 // What the request's sequence holds and did, read before its session goes.
 RequestReport report_of(const Session& session, const SpeculativeDecoder* spec) {
   RequestReport rep;
@@ -235,6 +237,8 @@ RequestReport report_of(const Session& session, const SpeculativeDecoder* spec) 
   }
   return rep;
 }
+
+}  // namespace
 
 void Engine::Impl::finish(Request& r, const std::string& reason, const std::string& error) {
   r.finished = true;

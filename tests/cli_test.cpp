@@ -218,53 +218,62 @@ TEST(CliGenerate, TeacherIdsDumpTheReferenceDecodeRows) {
   EXPECT_GE(same, 69);
 }
 
-// ppl through the engine gives the perplexity an independent teacher-forced run computes: each
-// chunk is BOS + ctx-1 text tokens, its second half scored with the log-softmax of the logits
-// before each token.
-TEST(CliPpl, ScoresTheSecondHalfOfEveryChunk) {
+// ppl through the engine gives the perplexity an independent teacher-forced run computes: window w
+// is BOS + ctx-1 text tokens from token w*stride, its last `stride` tokens scored with the
+// log-softmax of the logits before each, the rest prefilled as their context (tail mode too).
+TEST(CliPpl, ScoresTheLastStrideOfEveryWindow) {
   test::TempDir tmp;
   const std::string file = tmp / "text.txt";
   {
     std::ofstream out(file);
     for (int i = 0; i < 20; ++i) out << "The harbor was quiet at dawn, and the boats rocked on the tide. ";
   }
-  const int ctx = 40, chunks = 3;
-  auto r = test::run_dsv41("ppl -m " + test::tiny_model_dir() + " -f " + file + " --ctx " + std::to_string(ctx) +
-                           " --chunks " + std::to_string(chunks) + " --json");
-  ASSERT_EQ(r.status, 0) << r.out;
-  const json j = json::parse(r.out.substr(r.out.find('{')));
-  EXPECT_EQ(j["chunks"], chunks);
-  EXPECT_EQ(j["tokens_scored"], chunks * (ctx - ctx / 2));
+  const int ctx = 40, stride = 15, chunks = 3;
+  for (PrefillMode mode : {PrefillMode::Exact, PrefillMode::Tail}) {
+    const std::string mode_name = mode == PrefillMode::Tail ? "tail" : "exact";
+    SCOPED_TRACE(mode_name);
+    auto r = test::run_dsv41("ppl -m " + test::tiny_model_dir() + " -f " + file + " --ctx " + std::to_string(ctx) +
+                             " --stride " + std::to_string(stride) + " --chunks " + std::to_string(chunks) +
+                             " --prefill-mode " + mode_name + " --json");
+    ASSERT_EQ(r.status, 0) << r.out;
+    const json j = json::parse(r.out.substr(r.out.find('{')));
+    EXPECT_EQ(j["chunks"], chunks);
+    EXPECT_EQ(j["tokens_scored"], chunks * stride);
 
-  const Model& m = test::tiny_model();
-  const int64_t V = m.config().vocab_size;
-  std::ifstream in(file);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::vector<int32_t> tokens = Tokenizer::from_file(test::tiny_model_dir() + "/tokenizer.json").encode(text);
-  double nll = 0;
-  int scored = 0;
-  for (int c = 0; c < chunks; ++c) {
-    std::vector<int32_t> chunk = {static_cast<int32_t>(m.config().bos_token_id)};
-    chunk.insert(chunk.end(), tokens.begin() + c * (ctx - 1), tokens.begin() + (c + 1) * (ctx - 1));
-    Session s(m, test::pools_for(m), {});
-    std::vector<float> logits = s.prefill({chunk.begin(), chunk.begin() + ctx / 2});
-    for (int i = ctx / 2; i < ctx; ++i) {
-      double mx = *std::max_element(logits.begin(), logits.end()), z = 0;
-      for (float v : logits) z += std::exp(v - mx);
-      nll -= logits[static_cast<size_t>(chunk[i])] - mx - std::log(z);
-      ++scored;
-      if (i + 1 < ctx) logits = s.decode(chunk[i]);
+    const Model& m = test::tiny_model();
+    const int64_t V = m.config().vocab_size;
+    std::ifstream in(file);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::vector<int32_t> tokens = Tokenizer::from_file(test::tiny_model_dir() + "/tokenizer.json").encode(text);
+    double nll = 0;
+    int scored = 0;
+    for (int c = 0; c < chunks; ++c) {
+      std::vector<int32_t> chunk = {static_cast<int32_t>(m.config().bos_token_id)};
+      chunk.insert(chunk.end(), tokens.begin() + c * stride, tokens.begin() + c * stride + ctx - 1);
+      SessionOptions so;
+      so.prefill_mode = mode;
+      Session s(m, test::pools_for(m), so);
+      std::vector<float> logits = s.prefill({chunk.begin(), chunk.begin() + (ctx - stride)});
+      for (int i = ctx - stride; i < ctx; ++i) {
+        double mx = *std::max_element(logits.begin(), logits.end()), z = 0;
+        for (float v : logits) z += std::exp(v - mx);
+        nll -= logits[static_cast<size_t>(chunk[i])] - mx - std::log(z);
+        ++scored;
+        if (i + 1 < ctx) logits = s.decode(chunk[i]);
+      }
+      ASSERT_EQ(logits.size(), static_cast<size_t>(V));
     }
-    ASSERT_EQ(logits.size(), static_cast<size_t>(V));
+    EXPECT_NEAR(j["mean_nll"].get<double>(), nll / scored, 1e-9);
+    EXPECT_NEAR(j["ppl"].get<double>(), std::exp(nll / scored), 1e-6 * std::exp(nll / scored));
+    EXPECT_GT(j["ppl_stderr"].get<double>(), 0);
   }
-  EXPECT_NEAR(j["mean_nll"].get<double>(), nll / scored, 1e-9);
-  EXPECT_NEAR(j["ppl"].get<double>(), std::exp(nll / scored), 1e-6 * std::exp(nll / scored));
-  EXPECT_GT(j["ppl_stderr"].get<double>(), 0);
 
   const std::string m_arg = " -m " + test::tiny_model_dir();
   for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
            {"ppl" + m_arg + " -f " + (tmp / "missing.txt"), "missing.txt: cannot be opened"},
            {"ppl" + m_arg + " -f " + file + " --ctx 2", "--ctx"},
+           {"ppl" + m_arg + " -f " + file + " --ctx 40 --stride 39", "--stride"},
+           {"ppl" + m_arg + " -f " + file + " --prefill-mode fast", "--prefill-mode: must be exact or tail"},
            {"ppl" + m_arg + " -f " + file + " --ctx 9999999", "--ctx: must be at most the model's context"},
            {"ppl" + m_arg, "--file: is required"}}) {
     auto bad = test::run_dsv41(args);

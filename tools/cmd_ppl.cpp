@@ -1,8 +1,10 @@
-// dsv41 ppl: perplexity of a text file, through the Engine like every other command. As
-// llama-perplexity does, the tokenized text is cut into chunks of --ctx tokens (BOS first); each
-// chunk's first half is its context and its second half is scored: every token there is fed as the
-// model's output (teacher forcing) and its log-probability under the model's logits is summed.
-// Chunks run as concurrent requests, so their decode steps are batched.
+// dsv41 ppl: perplexity of a text file, through the Engine like every other command. The tokenized
+// text is read in windows of --ctx tokens (BOS first) that start every --stride tokens; each window
+// scores its last `stride` tokens, the rest being their context, so every token after the first
+// window's context is scored once (with the default stride of half the window, as llama-perplexity
+// scores the second half of each chunk). A scored token is fed as the model's output (teacher
+// forcing) and its log-probability under the model's logits is summed. Windows run as concurrent
+// requests, so their decode steps are batched.
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -29,8 +31,10 @@ constexpr const char* kHelp = R"(usage: dsv41 ppl -m DIR -f FILE [options]
 
   -m, --model DIR        model folder
   -f, --file FILE        the text to score (UTF-8)
-      --ctx N            tokens per chunk, BOS included (default 512); the second half is scored
-      --chunks N         score at most N chunks (default: all of the text)
+      --ctx N            tokens per window, BOS included (default 512)
+      --stride S         tokens between windows' starts, and scored per window (default ctx/2)
+      --chunks N         score at most N windows (default: all of the text)
+      --prefill-mode M   exact (default) or tail: how each window's context is prefilled
       --parallel N       chunks run at once (default 4)
       --json             print one JSON object instead of the running figures
 )";
@@ -49,7 +53,7 @@ int run_ppl(int argc, char** argv) {
     std::fputs(kHelp, stdout);
     return 0;
   }
-  Args args("ppl", argc, argv, {"--model", "--file", "--ctx", "--chunks", "--parallel"}, {"--json"},
+  Args args("ppl", argc, argv, {"--model", "--file", "--ctx", "--stride", "--chunks", "--parallel", "--prefill-mode"}, {"--json"},
             {{"-m", "--model"}, {"-f", "--file"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
   const std::string path = args.required("--file");
@@ -57,7 +61,10 @@ int run_ppl(int argc, char** argv) {
   if (!in) fail(path, "cannot be opened");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const int64_t ctx = args.get_int("--ctx", 512, 4, int64_t{1} << 24);
+  const int64_t stride = args.get_int("--stride", ctx / 2, 1, ctx - 2);  // at least BOS and one token of context
   const int64_t max_chunks = args.get_int("--chunks", 0, 0, int64_t{1} << 30);
+  const std::string mode = args.get("--prefill-mode", "exact");
+  if (mode != "exact" && mode != "tail") fail("--prefill-mode", "must be exact or tail, got \"" + mode + "\"");
   const bool json_out = args.has("--json");
 
   EngineOptions eo;
@@ -72,23 +79,25 @@ int run_ppl(int argc, char** argv) {
     fail("--ctx", "must be at most the model's context of " + std::to_string(engine.config().max_seq_len));
   }
   const std::vector<int32_t> tokens = engine.tokenizer().encode(text);
-  const int64_t per_chunk = ctx - 1;  // after BOS
-  int64_t n_chunks = static_cast<int64_t>(tokens.size()) / per_chunk;
+  const int64_t per_window = ctx - 1;  // text tokens after BOS
+  const int64_t total = static_cast<int64_t>(tokens.size());
+  int64_t n_chunks = total < per_window ? 0 : (total - per_window) / stride + 1;
   if (max_chunks > 0) n_chunks = std::min(n_chunks, max_chunks);
   if (n_chunks == 0) {
     fail(path, "has " + std::to_string(tokens.size()) + " tokens, fewer than one chunk of --ctx " + std::to_string(ctx) +
-                   " needs (" + std::to_string(per_chunk) + ")");
+                   " needs (" + std::to_string(per_window) + ")");
   }
 
   std::mutex mu;
   std::condition_variable cv;
   std::vector<Chunk> chunks(static_cast<size_t>(n_chunks));
-  const int64_t context = ctx / 2;  // tokens of the chunk before the scored ones, BOS included
+  const int64_t context = ctx - stride;  // tokens of a window before the scored ones, BOS included
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t c = 0; c < n_chunks; ++c) {
     std::vector<int32_t> chunk = {static_cast<int32_t>(engine.config().bos_token_id)};
-    chunk.insert(chunk.end(), tokens.begin() + c * per_chunk, tokens.begin() + (c + 1) * per_chunk);
+    chunk.insert(chunk.end(), tokens.begin() + c * stride, tokens.begin() + c * stride + per_window);
     RequestParams p;
+    p.prefill_mode = mode == "tail" ? PrefillMode::Tail : PrefillMode::Exact;
     p.prompt.assign(chunk.begin(), chunk.begin() + context);
     p.forced_output.assign(chunk.begin() + context, chunk.end());
     p.max_tokens = static_cast<int64_t>(p.forced_output.size());
@@ -137,6 +146,8 @@ int run_ppl(int argc, char** argv) {
                         {"ppl_stderr", ppl * stderr_nll},
                         {"chunks", n_chunks},
                         {"ctx", ctx},
+                        {"stride", stride},
+                        {"prefill_mode", mode},
                         {"tokens_scored", scored},
                         {"seconds", secs},
                         {"scored_tok_s", static_cast<double>(scored) / secs}};

@@ -1,47 +1,13 @@
 #include "runtime/prefix_cache.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "state/disk_cache.h"
+#include "state/sequence_sections.h"
 #include "state/sequence_snapshot.h"
-#include "numeric/row_codecs.h"
 #include "util/error.h"
 
 namespace dsv41 {
-
-namespace {
-
-template <typename T>
-std::vector<uint8_t> to_bytes(const std::vector<T>& v) {
-  std::vector<uint8_t> b(v.size() * sizeof(T));
-  if (!b.empty()) std::memcpy(b.data(), v.data(), b.size());
-  return b;
-}
-
-template <typename T>
-bool from_bytes(const std::vector<uint8_t>& b, std::vector<T>& v) {
-  if (b.size() % sizeof(T) != 0) return false;
-  v.resize(b.size() / sizeof(T));
-  if (!b.empty()) std::memcpy(v.data(), b.data(), b.size());
-  return true;
-}
-
-const CacheSection* find_section(const CacheEntry& e, const std::string& name, int layer) {
-  for (const CacheSection& s : e.sections) {
-    if (s.name == name && s.layer == layer) return &s;
-  }
-  return nullptr;
-}
-
-std::vector<uint8_t> rows_bytes(const PagedRows& rows) {
-  std::vector<uint8_t> b;
-  b.reserve(static_cast<size_t>(rows.size()) * rows.row_bytes());
-  for (int64_t i = 0; i < rows.size(); ++i) b.insert(b.end(), rows.row(i), rows.row(i) + rows.row_bytes());
-  return b;
-}
-
-}  // namespace
 
 PrefixCache::PrefixCache(const Model& model, StatePools& pools, CacheMode mode, uint64_t ram_budget_bytes,
                          std::string disk_dir, IndexKeysMode index_keys, DiskTierOptions disk)
@@ -176,40 +142,14 @@ bool PrefixCache::restore_entry(const std::vector<int32_t>& prompt, const std::s
     return false;
   };
   SequenceState st = model_.new_sequence(pools_);
-  for (int l : sources_) {
-    const int64_t rows = best_tokens / model_.config().compress_ratios[l];
-    const CacheSection* main = find_section(*entry, "main_kv", l);
-    const CacheSection* keys = find_section(*entry, "index_keys", l);
-    if (!main || !keys || !load_global_rows(st, l, main->bytes, keys->bytes, rows)) {
-      return reject("its rows do not fit this model");
-    }
+  if (!load_global_row_sections(st, model_.config(), entry->sections, best_tokens)) {
+    return reject("its rows do not fit this model");
   }
   set_restored_length(st, best_tokens);
   if (mode_ == CacheMode::Exact) {
-    ShortState s;
-    const size_t layers = st.window.size();
-    s.window.resize(layers);
-    s.tail_kv.resize(layers);
-    s.tail_score.resize(layers);
-    bool ok = true;
-    for (size_t l = 0; l < layers; ++l) {
-      const CacheSection* w = find_section(*entry, "window", static_cast<int>(l));
-      if (w) s.window[l] = w->bytes;
-    }
-    for (int l : sources_) {
-      if (const CacheSection* t = find_section(*entry, "tail_kv", l)) ok = ok && from_bytes(t->bytes, s.tail_kv[l]);
-      if (const CacheSection* t = find_section(*entry, "tail_score", l)) ok = ok && from_bytes(t->bytes, s.tail_score[l]);
-    }
-    const CacheSection* from = find_section(*entry, "window_from", -1);
-    const CacheSection* recent = find_section(*entry, "engram_recent", -1);
-    const CacheSection* keys = find_section(*entry, "last_index_keys_layer", -1);
-    ok = ok && from && from_bytes(from->bytes, s.window_from) && s.window_from.size() == layers && recent &&
-         from_bytes(recent->bytes, s.engram_recent) && keys && keys->bytes.size() == 4;
-    const int64_t ring = model_.config().window_size * window_row_bytes(model_.config().head_dim);
-    for (const auto& w : s.window) ok = ok && (w.empty() || static_cast<int64_t>(w.size()) == ring);
-    if (!ok) return reject("its window snapshot does not fit this model");
-    std::memcpy(&s.last_index_keys_layer, keys->bytes.data(), 4);
-    s.apply_to(st);
+    const std::optional<ShortState> s = short_state_of_sections(entry->sections, model_.config(), st);
+    if (!s) return reject("its window snapshot does not fit this model");
+    s->apply_to(st);
   } else {
     replay(prompt, best_tokens, st, -1, hit);
   }
@@ -260,22 +200,10 @@ uint64_t PrefixCache::store(const std::vector<int32_t>& tokens, const SequenceSt
   e.model_fingerprint = config_fingerprint(model_.config());
   e.mode = cache_mode_name(mode_);
   e.tokens = tokens;
-  for (int l : sources_) {
-    e.sections.push_back({"main_kv", l, st.sources[l]->compressed.size(), rows_bytes(st.sources[l]->compressed)});
-    e.sections.push_back({"index_keys", l, st.sources[l]->index_keys.size(), rows_bytes(st.sources[l]->index_keys)});
-  }
+  e.sections = global_row_sections(st);
   if (mode_ == CacheMode::Exact) {
-    for (size_t l = 0; l < st.window.size(); ++l) {
-      if (!st.window[l].empty()) e.sections.push_back({"window", static_cast<int32_t>(l), 0, st.window[l]});
-    }
-    for (int l : sources_) {
-      if (st.sources[l]->tail_kv.empty()) continue;
-      e.sections.push_back({"tail_kv", l, 0, to_bytes(st.sources[l]->tail_kv)});
-      e.sections.push_back({"tail_score", l, 0, to_bytes(st.sources[l]->tail_score)});
-    }
-    e.sections.push_back({"window_from", -1, 0, to_bytes(st.window_from)});
-    e.sections.push_back({"engram_recent", -1, 0, to_bytes(st.engram_recent)});
-    e.sections.push_back({"last_index_keys_layer", -1, 0, to_bytes(std::vector<int32_t>{st.last_index_keys_layer})});
+    std::vector<CacheSection> short_state = short_state_sections(st);
+    e.sections.insert(e.sections.end(), std::make_move_iterator(short_state.begin()), std::make_move_iterator(short_state.end()));
   }
   return disk_->store(e);  // never throws: a failed write leaves the request uncached
 }

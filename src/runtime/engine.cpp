@@ -18,6 +18,7 @@
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "runtime/speculative.h"
+#include "state/sequence_snapshot.h"
 #include "state/state_graph.h"
 #include "util/error.h"
 
@@ -217,15 +218,10 @@ RequestReport report_of(const Session& session, const SpeculativeDecoder* spec) 
   rep.cache_source = session.cache_hit().source;
   rep.cache_bytes_written = session.cache_bytes_written();
   rep.cache_tokens_stored = session.cache_tokens_stored();
-  double main = 0, keys = 0;
-  for (const auto& src : session.state().sources) {
-    if (!src) continue;
-    main += static_cast<double>(src->compressed.size()) * static_cast<double>(src->compressed.row_bytes());
-    keys += static_cast<double>(src->index_keys.size()) * static_cast<double>(src->index_keys.row_bytes());
-  }
+  const GlobalRowBytes held = global_row_bytes(session.state());
   const double n = static_cast<double>(std::max<int64_t>(session.position(), 1));
-  rep.main_kv_bytes_per_token = main / n;
-  rep.index_key_bytes_per_token = keys / n;
+  rep.main_kv_bytes_per_token = static_cast<double>(held.main_kv) / n;
+  rep.index_key_bytes_per_token = static_cast<double>(held.index_keys) / n;
   if (spec) {
     const SpeculativeStats& s = spec->stats();
     rep.verify_steps = s.steps;

@@ -48,6 +48,16 @@ size_t ShortState::bytes() const {
   return n;
 }
 
+GlobalRowBytes global_row_bytes(const SequenceState& st) {
+  GlobalRowBytes b;
+  for (const auto& src : st.sources) {
+    if (!src) continue;
+    b.main_kv += static_cast<uint64_t>(src->compressed.size()) * src->compressed.row_bytes();
+    b.index_keys += static_cast<uint64_t>(src->index_keys.size()) * src->index_keys.row_bytes();
+  }
+  return b;
+}
+
 void adopt_global_rows(SequenceState& st, int layer, std::vector<int32_t> main_pages, std::vector<int32_t> key_pages,
                        int64_t rows) {
   KvSourceState& src = *st.sources.at(static_cast<size_t>(layer));

@@ -30,6 +30,12 @@ struct ShortState {
   size_t bytes() const;
 };
 
+// Bytes of the packed global rows a sequence holds (page slack excluded): main KV and index keys.
+struct GlobalRowBytes {
+  uint64_t main_kv = 0, index_keys = 0;
+};
+GlobalRowBytes global_row_bytes(const SequenceState& state);
+
 // A fresh sequence's global rows restored from a prefix cache, and its length set to the `tokens`
 // they cover. adopt_global_rows takes over page references the caller holds (a RAM-tier block);
 // load_global_rows copies packed rows into fresh pages and returns false, leaving the layer empty,

@@ -11,45 +11,12 @@
 #include "model/dspark.h"
 #include "runtime/engine.h"
 #include "runtime/session.h"
+#include "engine_util.h"
 #include "test_util.h"
 #include "util/error.h"
 
 namespace dsv41 {
 namespace {
-
-struct Collected {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<int32_t> tokens;
-  std::vector<float> rows;
-  TokenEvent last;
-  bool done = false;
-};
-
-EventSink collect(Collected& c) {
-  return [&c](const TokenEvent& e) {
-    std::lock_guard<std::mutex> lock(c.mu);
-    if (e.token >= 0) c.tokens.push_back(e.token);
-    c.rows.insert(c.rows.end(), e.logits.begin(), e.logits.end());
-    if (e.done) {
-      c.last = e;
-      c.done = true;
-      c.cv.notify_all();
-    }
-  };
-}
-
-void wait(Collected& c) {
-  std::unique_lock<std::mutex> lock(c.mu);
-  c.cv.wait(lock, [&] { return c.done; });
-}
-
-std::vector<int32_t> ids(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& x : v) x = static_cast<int32_t>(3 + rng() % 990);
-  return v;
-}
 
 RequestParams greedy(int prompt_len, uint32_t seed, int max_tokens) {
   RequestParams p;

@@ -104,22 +104,6 @@ ForwardResult Model::forward(SequenceState& state, const std::vector<int32_t>& t
   return std::move(forward(calls)[0]);
 }
 
-std::vector<std::vector<float>> Model::decode_batch(const std::vector<SequenceState*>& states,
-                                                    const std::vector<int32_t>& tokens,
-                                                    IndexKeysMode index_keys) const {
-  if (states.size() != tokens.size() || states.empty()) fail("decode_batch", "needs one token per sequence");
-  std::vector<ForwardCall> calls;
-  for (size_t i = 0; i < states.size(); ++i) {
-    ForwardOptions opt;
-    opt.index_keys = index_keys;
-    calls.push_back({states[i], {tokens[i]}, opt});
-  }
-  std::vector<ForwardResult> results = forward(calls);
-  std::vector<std::vector<float>> out;
-  for (ForwardResult& r : results) out.push_back(std::move(r.logits));
-  return out;
-}
-
 std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const {
   const ModelConfig& c = config();
   const Backend& be = *backend_;

@@ -79,9 +79,6 @@ class Model {
   std::vector<ForwardResult> forward(std::vector<ForwardCall>& calls) const;
   // One call.
   ForwardResult forward(SequenceState& state, const std::vector<int32_t>& tokens, const ForwardOptions& options) const;
-  // One decode step for several sequences: token i is appended to states[i]; the logits of each.
-  std::vector<std::vector<float>> decode_batch(const std::vector<SequenceState*>& states,
-                                               const std::vector<int32_t>& tokens, IndexKeysMode index_keys) const;
 
  private:
   std::shared_ptr<const Backend> backend_;

@@ -18,6 +18,16 @@ bool is_chat(const ApiRequest& r) { return r.endpoint == Endpoint::ChatCompletio
 
 }  // namespace
 
+std::optional<ApiError> failure_of(const TokenEvent& done) {
+  if (done.finish_reason == "error") {
+    return server_error(done.error.empty() ? "the engine failed on this request" : done.error);
+  }
+  if (done.finish_reason == "cancelled") {
+    return ApiError(503, "server_error", "the request was cancelled (the server is shutting down)");
+  }
+  return std::nullopt;
+}
+
 std::string dump_json(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 std::string sse_event(const json& payload) { return "data: " + dump_json(payload) + "\n\n"; }
@@ -93,11 +103,8 @@ void ResponseBuilder::finish(const TokenEvent& event) {
   prompt_tokens_ = event.prompt_tokens;
   completion_tokens_ = event.completion_tokens;
   cached_tokens_ = event.cached_tokens;
-  if (event.finish_reason == "error") {
-    failure_ = server_error(event.error.empty() ? "the engine failed on this request" : event.error);
-  } else if (event.finish_reason == "cancelled") {
-    failure_ = ApiError(503, "server_error", "the request was cancelled (the server is shutting down)");
-  } else {
+  failure_ = failure_of(event);
+  if (!failure_) {
     finish_reason_ = event.finish_reason;
     if (is_chat(request_) && finish_reason_ == "stop" && !parser_.output().tool_calls.empty()) {
       finish_reason_ = "tool_calls";

@@ -62,6 +62,10 @@ class ResponseBuilder {
   nlohmann::json logprobs_;          // accumulated logprobs (chat: list; completions: the object)
 };
 
+// How an engine's final event that did not finish ("error", "cancelled") is told to the client;
+// nothing for "stop" and "length".
+std::optional<ApiError> failure_of(const TokenEvent& done);
+
 // Serialises JSON for the wire; invalid UTF-8 (a token's partial bytes) becomes U+FFFD rather than
 // an exception.
 std::string dump_json(const nlohmann::json& value);

@@ -147,11 +147,7 @@ std::vector<ResponsesBuilder::Event> ResponsesBuilder::add(const TokenEvent& e) 
     prompt_tokens_ = e.prompt_tokens;
     completion_tokens_ = e.completion_tokens;
     cached_tokens_ = e.cached_tokens;
-    if (e.finish_reason == "error") {
-      failure_ = server_error(e.error.empty() ? "the engine failed on this request" : e.error);
-    } else if (e.finish_reason == "cancelled") {
-      failure_ = ApiError(503, "server_error", "the request was cancelled (the server is shutting down)");
-    }
+    failure_ = failure_of(e);
     status_ = failure_ ? "failed" : e.finish_reason == "length" ? "incomplete" : "completed";
     out.push_back(event("response." + status_, {{"response", response()}}));
   }

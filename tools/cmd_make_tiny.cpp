@@ -1,6 +1,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "cli.h"
 #include "util/error.h"
@@ -8,6 +10,7 @@
 #include "io/config.h"
 #include "model/model_stats.h"
 #include "model/synthetic_checkpoint.h"
+#include "text/tiny_tokenizer.h"
 
 namespace dsv41::cli {
 
@@ -21,24 +24,39 @@ bool wants_help(int argc, char** argv) {
 int run_make_tiny(int argc, char** argv) {
   if (wants_help(argc, argv)) {
     std::puts(
-        "usage: dsv41 make-tiny --out DIR [--preset tiny|small|bench] [--seed N]\n\n"
+        "usage: dsv41 make-tiny --out DIR [--preset tiny|small|bench] [--seed N] [--tokenizer FILE]\n\n"
         "Writes a complete checkpoint with seeded random weights in the released layout: config.json,\n"
         "inference/config.json, tokenizer.json, sharded safetensors with model.safetensors.index.json,\n"
-        "FP8 dense weights with 32x32 UE8M0 scales, MXFP4 experts, FP8 Engram tables, mtp.* DSpark blocks.");
+        "FP8 dense weights with 32x32 UE8M0 scales, MXFP4 experts, FP8 Engram tables, mtp.* DSpark blocks.\n"
+        "--tokenizer uses that tokenizer.json (e.g. from 'dsv41 tokenizer train') instead of the built-in\n"
+        "one: the vocabulary, DSpark's noise token and the Engram tables follow it.");
     return 0;
   }
-  Args args("make-tiny", argc, argv, {"--out", "--preset", "--seed"}, {}, {{"-o", "--out"}});
+  Args args("make-tiny", argc, argv, {"--out", "--preset", "--seed", "--tokenizer"}, {}, {{"-o", "--out"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument (the folder goes after --out)");
   const std::string out = args.required("--out");
   const std::string preset = args.get("--preset", "tiny");
   const uint64_t seed = args.get_u64("--seed", 0);
-  const ModelConfig config = synthetic_config(preset);
+  nlohmann::json tokenizer;
+  if (args.has("--tokenizer")) {
+    const std::string path = args.get("--tokenizer");
+    std::ifstream in(path);
+    if (!in) fail(path, "cannot be opened");
+    try {
+      tokenizer = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      fail(path, std::string("is not valid JSON: ") + e.what());
+    }
+  } else {
+    tokenizer = build_tiny_tokenizer(synthetic_config(preset).vocab_size);
+  }
+  const ModelConfig config = synthetic_config(preset, tokenizer);
   const ParamCounts params = count_params(config);
   std::fprintf(stderr, "writing preset '%s' (seed %llu): %.1f M parameters, %.1f MB of tensors to %s\n",
                preset.c_str(), static_cast<unsigned long long>(seed), static_cast<double>(params.total) / 1e6,
                static_cast<double>(params.checkpoint_bytes) / 1e6, out.c_str());
   auto t0 = std::chrono::steady_clock::now();
-  write_synthetic_checkpoint(out, preset, seed);
+  write_synthetic_checkpoint(out, preset, seed, tokenizer);
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr, "done in %.1f s\n", s);
   return 0;

@@ -13,5 +13,7 @@ int run_bench(int argc, char** argv);
 int run_serve(int argc, char** argv);
 int run_chat(int argc, char** argv);
 int run_ppl(int argc, char** argv);
+int run_tokenizer(int argc, char** argv);
+int run_pack(int argc, char** argv);
 
 }  // namespace dsv41::cli

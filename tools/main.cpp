@@ -26,6 +26,9 @@ commands:
   serve -m DIR [--host H] [--port N]            the OpenAI-compatible HTTP server
   chat -m DIR                                   an interactive conversation in the terminal
   ppl -m DIR -f FILE [--ctx N]                  perplexity of a text, chunk by chunk
+  pack --like DIR --weights FILE --out DIR      quantize trained F32 weights into the released layout
+  tokenizer train|encode|engram-map             learn a BPE tokenizer.json from a text, encode a text,
+                                                write the Engram token map (for tools/train)
 
 'dsv41 <command> --help' describes a command.
 )";
@@ -52,6 +55,8 @@ int main(int argc, char** argv) {
     if (command == "serve") return dsv41::cli::run_serve(argc - 2, argv + 2);
     if (command == "chat") return dsv41::cli::run_chat(argc - 2, argv + 2);
     if (command == "ppl") return dsv41::cli::run_ppl(argc - 2, argv + 2);
+    if (command == "pack") return dsv41::cli::run_pack(argc - 2, argv + 2);
+    if (command == "tokenizer") return dsv41::cli::run_tokenizer(argc - 2, argv + 2);
     std::fprintf(stderr, "dsv41: unknown command '%s'\n\n%s", command.c_str(), kUsage);
     return 2;
   } catch (const dsv41::Error& e) {

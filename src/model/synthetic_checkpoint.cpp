@@ -5,13 +5,12 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "io/safetensors_writer.h"
+#include "model/checkpoint_writer.h"
 #include "io/engram_layout.h"
 #include "model/tensor_layout.h"
-#include "numeric/formats.h"
-#include "numeric/quant.h"
 #include "text/engram_token_map.h"
 #include "text/tiny_tokenizer.h"
+#include "text/tokenizer.h"
 #include "util/error.h"
 
 namespace dsv41 {
@@ -93,69 +92,6 @@ std::vector<float> random_values(const TensorSpec& s, const ModelConfig& c, uint
   return v;
 }
 
-int64_t numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-TensorBlob plain_blob(const TensorSpec& s, const std::vector<float>& v) {
-  TensorBlob b{s.name, s.dtype, s.shape, {}};
-  if (s.dtype == DType::F32) {
-    b.bytes.resize(v.size() * 4);
-    std::memcpy(b.bytes.data(), v.data(), b.bytes.size());
-  } else {  // BF16
-    b.bytes.resize(v.size() * 2);
-    for (size_t i = 0; i < v.size(); ++i) {
-      uint16_t h = bf16_from_f32(v[i]);
-      std::memcpy(&b.bytes[2 * i], &h, 2);
-    }
-  }
-  return b;
-}
-
-// FP8 weight with one power-of-two scale per 32×32 tile (per 32 along a row for Engram tables,
-// whose scale shape is [rows, dim/32]): the scale is the smallest power of two that fits amax in
-// e4m3's range, as the release's UE8M0 scales are.
-void fp8_blobs(const TensorSpec& w, const TensorSpec& sc, const std::vector<float>& v, TensorBlob& wb, TensorBlob& sb) {
-  const int64_t n = w.shape[0], k = w.shape[1];
-  const int64_t tile_rows = w.kind == TensorKind::EngramTable ? 1 : 32;
-  wb = {w.name, DType::F8_E4M3, w.shape, std::vector<uint8_t>(static_cast<size_t>(n * k))};
-  sb = {sc.name, DType::F8_E8M0, sc.shape, std::vector<uint8_t>(static_cast<size_t>(numel(sc.shape)))};
-  const int64_t scale_cols = sc.shape[1];
-  for (int64_t r0 = 0; r0 < n; r0 += tile_rows) {
-    for (int64_t c0 = 0; c0 < k; c0 += 32) {
-      const int64_t r1 = std::min(n, r0 + tile_rows), c1 = std::min(k, c0 + 32);
-      float amax = 0;
-      for (int64_t r = r0; r < r1; ++r)
-        for (int64_t col = c0; col < c1; ++col) amax = std::max(amax, std::fabs(v[r * k + col]));
-      const float s = pow2_ceil_scale(std::max(amax, 1e-30f), 1.0f / 448.0f);
-      sb.bytes[(r0 / tile_rows) * scale_cols + c0 / 32] = e8m0_from_pow2(s);
-      for (int64_t r = r0; r < r1; ++r)
-        for (int64_t col = c0; col < c1; ++col) wb.bytes[r * k + col] = e4m3_from_f32(v[r * k + col] / s);
-    }
-  }
-}
-
-// MXFP4 expert weight: E2M1 codes packed two per byte along K, one power-of-two scale per 32.
-void fp4_blobs(const TensorSpec& w, const TensorSpec& sc, const std::vector<float>& v, TensorBlob& wb, TensorBlob& sb) {
-  const int64_t n = w.shape[0], k = w.logical_in;
-  wb = {w.name, DType::I8, w.shape, std::vector<uint8_t>(static_cast<size_t>(n * k / 2))};
-  sb = {sc.name, DType::F8_E8M0, sc.shape, std::vector<uint8_t>(static_cast<size_t>(n * k / 32))};
-  std::vector<uint8_t> codes(32);
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t c0 = 0; c0 < k; c0 += 32) {
-      const float* x = &v[r * k + c0];
-      float amax = 0;
-      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
-      const float s = pow2_ceil_scale(std::max(amax, 1e-30f), 1.0f / 6.0f);
-      sb.bytes[r * (k / 32) + c0 / 32] = e8m0_from_pow2(s);
-      for (int i = 0; i < 32; ++i) codes[i] = e2m1_from_f32(std::clamp(x[i] / s, -6.0f, 6.0f));
-      pack_e2m1(codes.data(), 32, &wb.bytes[(r * k + c0) / 2]);
-    }
-  }
-}
-
 ModelConfig base_config(int64_t vocab, int64_t dim, int64_t inter, int n_heads, int64_t head_dim,
                         int64_t rope_dim, int64_t q_lora, int o_groups, int64_t o_lora, int window) {
   ModelConfig c;
@@ -194,7 +130,10 @@ const std::vector<std::string>& synthetic_presets() {
   return presets;
 }
 
-ModelConfig synthetic_config(const std::string& preset) {
+namespace {
+
+// The preset's geometry and layer plan; the tokenizer-derived values are filled in by the caller.
+ModelConfig preset_geometry(const std::string& preset) {
   ModelConfig c;
   if (preset == "tiny" || preset == "small") {
     const bool tiny = preset == "tiny";
@@ -259,8 +198,22 @@ ModelConfig synthetic_config(const std::string& preset) {
     fail("--preset", "unknown preset \"" + preset + "\" (expected tiny, small or bench)");
   }
   c.source = "preset " + preset;
-  json tokenizer = build_tiny_tokenizer(c.vocab_size);
-  c.dspark_noise_token_id = tiny_special_id(c.vocab_size, "<｜System｜>");  // as in the release (128799)
+  return c;
+}
+
+}  // namespace
+
+ModelConfig synthetic_config(const std::string& preset) {
+  return synthetic_config(preset, build_tiny_tokenizer(preset_geometry(preset).vocab_size));
+}
+
+ModelConfig synthetic_config(const std::string& preset, const json& tokenizer) {
+  ModelConfig c = preset_geometry(preset);
+  const Tokenizer tok = Tokenizer::from_json(tokenizer, "tokenizer");
+  c.vocab_size = tok.vocab_size();
+  const auto noise = tok.token_id("<｜System｜>");  // DSpark's noise token, as in the release (128799)
+  if (!noise) fail("tokenizer", "has no <｜System｜> token, which DSpark drafts with");
+  c.dspark_noise_token_id = *noise;
   c.engram_compressed_vocab_size = build_engram_token_map(tokenizer, c.vocab_size).size;
   for (const auto& layer : engram_layout(c.engram_layer_ids, c.engram_max_ngram_size, c.engram_vocab_size,
                                          c.engram_n_heads, c.engram_compressed_vocab_size)) {
@@ -271,45 +224,17 @@ ModelConfig synthetic_config(const std::string& preset) {
 }
 
 void write_synthetic_checkpoint(const std::string& dir, const std::string& preset, uint64_t seed) {
-  namespace fs = std::filesystem;
-  const ModelConfig c = synthetic_config(preset);
-  std::error_code ec;
-  fs::create_directories(fs::path(dir) / "inference", ec);
-  if (ec) fail(dir, "cannot create the folder: " + ec.message());
+  write_synthetic_checkpoint(dir, preset, seed, build_tiny_tokenizer(synthetic_config(preset).vocab_size));
+}
 
-  auto write_json = [](const fs::path& path, const json& j) {
-    std::string text = j.dump(2) + "\n";
-    write_file_atomic(path.string(), text.data(), text.size());
-  };
-  write_json(fs::path(dir) / "config.json", config_to_hf_json(c));
-  write_json(fs::path(dir) / "inference" / "config.json", config_to_inference_json(c));
-  write_json(fs::path(dir) / "tokenizer.json", build_tiny_tokenizer(c.vocab_size));
-
+void write_synthetic_checkpoint(const std::string& dir, const std::string& preset, uint64_t seed,
+                                const json& tokenizer) {
+  const ModelConfig c = synthetic_config(preset, tokenizer);
   // Shards small enough that even the tiny model has several, as the release does.
   const uint64_t shard_bytes = preset == "tiny" ? (1u << 20) : preset == "small" ? (64u << 20) : (2ull << 30);
-  ShardedWriter writer(dir, shard_bytes);
-  const auto specs = checkpoint_tensors(c);
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const TensorSpec& s = specs[i];
-    if (s.kind == TensorKind::Scale) continue;  // written with its weight
-    const bool quantized = s.kind == TensorKind::Fp8Weight || s.kind == TensorKind::Fp4Weight ||
-                           s.kind == TensorKind::EngramTable;
-    const int64_t count = quantized ? s.shape[0] * s.logical_in : numel(s.shape);
-    std::vector<float> v = random_values(s, c, seed, count);
-    if (!quantized) {
-      writer.add(plain_blob(s, v));
-      continue;
-    }
-    TensorBlob wb, sb;
-    if (s.kind == TensorKind::Fp4Weight) {
-      fp4_blobs(s, specs[i + 1], v, wb, sb);
-    } else {
-      fp8_blobs(s, specs[i + 1], v, wb, sb);
-    }
-    writer.add(std::move(wb));
-    writer.add(std::move(sb));
-  }
-  writer.finish();
+  write_checkpoint(dir, c, tokenizer, shard_bytes, [&](const TensorSpec& s, int64_t count) {
+    return random_values(s, c, seed, count);
+  });
 }
 
 }  // namespace dsv41

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "io/config.h"
 
 namespace dsv41 {
@@ -19,9 +21,14 @@ const std::vector<std::string>& synthetic_presets();
 // The preset's configuration, complete and validated (Engram rows and the compressed vocabulary are
 // derived from the preset's tokenizer and prime layout, as the released config's are).
 ModelConfig synthetic_config(const std::string& preset);
+// The same with another tokenizer.json (e.g. one `dsv41 tokenizer train` learned from a corpus): the
+// vocabulary, DSpark's noise token, the Engram compressed vocabulary and table rows follow it.
+ModelConfig synthetic_config(const std::string& preset, const nlohmann::json& tokenizer);
 
 // Writes config.json, inference/config.json, tokenizer.json and the sharded safetensors into `dir`
 // (created if needed). The same preset and seed give byte-identical files.
 void write_synthetic_checkpoint(const std::string& dir, const std::string& preset, uint64_t seed);
+void write_synthetic_checkpoint(const std::string& dir, const std::string& preset, uint64_t seed,
+                                const nlohmann::json& tokenizer);
 
 }  // namespace dsv41

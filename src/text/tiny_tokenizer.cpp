@@ -1,10 +1,8 @@
 #include "text/tiny_tokenizer.h"
 
-#include <algorithm>
-#include <cctype>
-#include <map>
 #include <nlohmann/json.hpp>
 
+#include "text/bpe_trainer.h"
 #include "text/byte_level.h"
 #include "util/error.h"
 
@@ -39,69 +37,6 @@ over the lazy dog. She said: "Let's write the code, test it, and measure it." Th
 
 constexpr const char* kSpecials[] = {"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>"};
 
-// Splits text into the pieces merges are learned within: an optional leading space plus a run of
-// letters, a run of digits, or a run of other non-space characters; newlines on their own.
-std::vector<std::string> pieces(const std::string& text) {
-  auto kind = [](unsigned char c) {
-    if (std::isalpha(c) || c >= 0x80) return 1;
-    if (std::isdigit(c)) return 2;
-    if (c == ' ') return 3;
-    if (c == '\n') return 4;
-    return 5;
-  };
-  std::vector<std::string> out;
-  size_t i = 0;
-  while (i < text.size()) {
-    size_t start = i;
-    if (text[i] == ' ' && i + 1 < text.size() && kind(static_cast<unsigned char>(text[i + 1])) != 3) ++i;
-    int k = kind(static_cast<unsigned char>(text[i]));
-    while (i < text.size() && kind(static_cast<unsigned char>(text[i])) == k && (k != 4 || i == start)) ++i;
-    if (i == start) ++i;
-    out.push_back(text.substr(start, i - start));
-  }
-  return out;
-}
-
-// Byte-level BPE training: repeatedly merge the most frequent adjacent pair (ties broken by the
-// pair's text, so the result is the same on every machine).
-std::vector<std::pair<std::string, std::string>> learn_merges(size_t max_merges) {
-  std::map<std::vector<std::string>, int64_t> words;
-  for (const std::string& p : pieces(kTrainingText)) {
-    std::vector<std::string> symbols;
-    for (char c : p) symbols.push_back(bytes_to_token_text(std::string(1, c)));
-    ++words[symbols];
-  }
-  std::vector<std::pair<std::string, std::string>> merges;
-  while (merges.size() < max_merges) {
-    std::map<std::pair<std::string, std::string>, int64_t> counts;
-    for (const auto& [symbols, freq] : words) {
-      for (size_t i = 0; i + 1 < symbols.size(); ++i) counts[{symbols[i], symbols[i + 1]}] += freq;
-    }
-    if (counts.empty()) break;
-    auto best = counts.begin();
-    for (auto it = counts.begin(); it != counts.end(); ++it) {
-      if (it->second > best->second) best = it;  // map order breaks ties
-    }
-    const auto pair = best->first;
-    merges.push_back(pair);
-    std::map<std::vector<std::string>, int64_t> next;
-    for (const auto& [symbols, freq] : words) {
-      std::vector<std::string> merged;
-      for (size_t i = 0; i < symbols.size(); ++i) {
-        if (i + 1 < symbols.size() && symbols[i] == pair.first && symbols[i + 1] == pair.second) {
-          merged.push_back(pair.first + pair.second);
-          ++i;
-        } else {
-          merged.push_back(symbols[i]);
-        }
-      }
-      next[merged] += freq;
-    }
-    words = std::move(next);
-  }
-  return merges;
-}
-
 json added_token(int64_t id, const std::string& content) {
   return {{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false},
           {"rstrip", false}, {"normalized", false}, {"special", true}};
@@ -125,7 +60,9 @@ int64_t tiny_special_id(int64_t vocab_size, const std::string& token) {
   fail("tokenizer", "no special token " + token);
 }
 
-json build_tiny_tokenizer(int64_t vocab_size) {
+json build_tiny_tokenizer(int64_t vocab_size) { return build_bpe_tokenizer(vocab_size, kTrainingText); }
+
+json build_bpe_tokenizer(int64_t vocab_size, std::string_view training_text) {
   const int64_t fixed = static_cast<int64_t>(std::size(kSpecials) + 256 + tiny_special_tokens().size());
   if (vocab_size < fixed) {
     fail("tokenizer", "vocab_size " + std::to_string(vocab_size) + " is too small: the specials and the 256 byte "
@@ -141,7 +78,7 @@ json build_tiny_tokenizer(int64_t vocab_size) {
   for (int b = 0; b < 256; ++b) vocab[bytes_to_token_text(std::string(1, static_cast<char>(b)))] = id++;
   const int64_t learned_end = vocab_size - static_cast<int64_t>(tiny_special_tokens().size());
   json merges = json::array();
-  for (const auto& [a, b] : learn_merges(static_cast<size_t>(learned_end - id))) {
+  for (const auto& [a, b] : learn_bpe_merges(training_text, static_cast<size_t>(learned_end - id))) {
     vocab[a + b] = id++;
     merges.push_back(a + " " + b);
   }

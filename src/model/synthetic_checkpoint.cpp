@@ -214,6 +214,14 @@ ModelConfig synthetic_config(const std::string& preset, const json& tokenizer) {
   const auto noise = tok.token_id("<｜System｜>");  // DSpark's noise token, as in the release (128799)
   if (!noise) fail("tokenizer", "has no <｜System｜> token, which DSpark drafts with");
   c.dspark_noise_token_id = *noise;
+  // The ids of the sequence markers are the tokenizer's (0, 1, 2 in the ones this project writes).
+  const auto special = [&](const char* token, int64_t& id) {
+    const auto found = tok.token_id(token);
+    if (!found) fail("tokenizer", std::string("has no ") + token + " token");
+    id = *found;
+  };
+  special("<｜begin▁of▁sentence｜>", c.bos_token_id);
+  special("<｜end▁of▁sentence｜>", c.eos_token_id);
   c.engram_compressed_vocab_size = build_engram_token_map(tokenizer, c.vocab_size).size;
   for (const auto& layer : engram_layout(c.engram_layer_ids, c.engram_max_ngram_size, c.engram_vocab_size,
                                          c.engram_n_heads, c.engram_compressed_vocab_size)) {

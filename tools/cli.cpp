@@ -2,6 +2,8 @@
 
 #include <charconv>
 #include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "util/error.h"
@@ -91,6 +93,16 @@ double Args::get_number(const std::string& flag, double fallback) const {
   }
   if (used == 0 || used != s.size() || !std::isfinite(v)) fail(flag, "expects a number, got \"" + s + "\"");
   return v;
+}
+
+nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail(path, "cannot be opened");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, std::string("is not valid JSON: ") + e.what());
+  }
 }
 
 }  // namespace dsv41::cli

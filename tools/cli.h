@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace dsv41::cli {
 
 class Args {
@@ -30,5 +32,8 @@ class Args {
   std::map<std::string, std::string> values_;
   std::vector<std::string> positional_;
 };
+
+// A JSON file the user named: Error "<path>: cannot be opened" or "<path>: is not valid JSON: ...".
+nlohmann::json read_json_file(const std::string& path);
 
 }  // namespace dsv41::cli

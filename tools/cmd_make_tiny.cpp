@@ -1,7 +1,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli.h"
@@ -39,14 +38,7 @@ int run_make_tiny(int argc, char** argv) {
   const uint64_t seed = args.get_u64("--seed", 0);
   nlohmann::json tokenizer;
   if (args.has("--tokenizer")) {
-    const std::string path = args.get("--tokenizer");
-    std::ifstream in(path);
-    if (!in) fail(path, "cannot be opened");
-    try {
-      tokenizer = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      fail(path, std::string("is not valid JSON: ") + e.what());
-    }
+    tokenizer = read_json_file(args.get("--tokenizer"));
   } else {
     tokenizer = build_tiny_tokenizer(synthetic_config(preset).vocab_size);
   }

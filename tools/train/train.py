@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from v41 import V41, engram_token_map, load_config, load_weights, save_float_checkpoint  # noqa: E402
+from v41.train_loss import training_loss  # noqa: E402
 
 BOS = 0
 
@@ -85,7 +86,7 @@ def main():
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--qat-fraction", type=float, default=0.2)
-    ap.add_argument("--indexer-weight", type=float, default=0.3)
+    ap.add_argument("--indexer-weight", type=float, default=0.1, help="per index-source layer")
     ap.add_argument("--dspark-weight", type=float, default=0.5)
     ap.add_argument("--dspark-every", type=int, default=4, help="train the DSpark stages every N-th step")
     ap.add_argument("--eval-windows", type=int, default=64)
@@ -137,15 +138,13 @@ def main():
         for g in opt.param_groups:
             g["lr"] = lr
         x, y = batch(train_ids, rng, args.batch, args.seq)
-        out = model(x, taps=True, aux_loss=True)
-        ce = torch.nn.functional.cross_entropy(out["logits"].reshape(-1, cfg["vocab_size"]), y.reshape(-1))
-        idx = sum(out["indexer_loss"].values()) / max(len(out["indexer_loss"]), 1)
-        loss = ce + args.indexer_weight * idx
-        ds = None
-        if len(model.mtp) and step % args.dspark_every == 0:
-            d = model.dspark.train_forward(out["taps"], torch.cat([x, y[:, -1:]], dim=1), detach_taps=True)
-            ds = d["loss"]
-            loss = loss + args.dspark_weight * (d["loss"] + 0.1 * d["confidence_loss"])
+        dspark_weight = args.dspark_weight if step % args.dspark_every == 0 else 0.0
+        loss, parts = training_loss(model, torch.cat([x, y[:, -1:]], dim=1), indexer_weight=args.indexer_weight,
+                                    dspark_weight=dspark_weight, confidence_weight=0.1 * dspark_weight)
+        ce = parts["lm"]
+        idx_parts = [v for k, v in parts.items() if k.startswith("indexer")]
+        idx = sum(idx_parts) / max(len(idx_parts), 1)
+        ds = parts.get("dspark")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

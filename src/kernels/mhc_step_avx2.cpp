@@ -1,5 +1,5 @@
 // AVX2 mHC kernels: the mixes' 24 dot products of a token in three ymm accumulators, two tokens
-// interleaved, and the sum of squares as two ymm per torch vector; expand and collapse 8 values at a
+// interleaved, and the sum of squares one ymm per torch vector; expand and collapse 8 values at a
 // time. The structure is in mhc_step_simd_impl.h; this file holds the vector operations.
 #include <algorithm>
 #include <cmath>
@@ -52,6 +52,9 @@ struct V {
     return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
   }
 };
+
+// The cascade's vectors are torch's 8 lanes: one ymm.
+using SumV = V;
 
 #include "kernels/cascade_sum_simd_impl.h"
 #include "kernels/mhc_step_simd_impl.h"

@@ -1,5 +1,5 @@
 // AVX-512 (F/BW/VL/DQ) mHC kernels: the mixes' 24 dot products of a token in two zmm accumulators,
-// four tokens interleaved, and the sum of squares one zmm per torch vector; expand and collapse 16
+// four tokens interleaved, and the sum of squares one ymm per torch vector; expand and collapse 16
 // values at a time. The structure is in mhc_step_simd_impl.h; this file holds the vector operations.
 #include <algorithm>
 #include <cmath>
@@ -54,6 +54,17 @@ struct V {
     const __m512i r = _mm512_mask_blend_epi32(nan, rounded, quiet);
     return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
   }
+};
+
+// The cascade's vectors are torch's 8 lanes (its AVX2 kernels, cascade_sum.h): one ymm each.
+struct SumV {
+  using F = __m256;
+  static constexpr int W = 8;
+  static F zero() { return _mm256_setzero_ps(); }
+  static F load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
 };
 
 #include "kernels/cascade_sum_simd_impl.h"

@@ -336,8 +336,7 @@ def _row_sum(items):
 
 # The vector width of the torch build that made the goldens: 8 fp32 lanes (AVX2 kernels). Measured
 # on tiny-dense, block 0 teacher-forced: every sum in this order with 8 lanes reproduces the golden
-# stream bit for bit at all 152 positions; with 16 (AVX-512, as src/kernels/cascade_sum.h assumes)
-# three positions differ. (oneDNN was capped at AVX512_CORE_BF16, ATen's own kernels ran AVX2.)
+# stream bit for bit at all 152 positions; with 16 (AVX-512) three positions differ. (oneDNN was capped at AVX512_CORE_BF16, ATen's own kernels ran AVX2.)
 GOLDEN_SUM_LANES = 8
 
 

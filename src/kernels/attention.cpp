@@ -6,8 +6,10 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cascade_sum.h"
 #include "kernels/kv_rows.h"
 #include "kernels/reference.h"
+#include "kernels/torch_math.h"
 #include "numeric/formats.h"
 
 // The reference's roundings are the fp32 operations as written (see linear.cpp).
@@ -70,13 +72,13 @@ void sparse_attention(const float* q, int64_t heads, int64_t d, const KvRows& pa
         chunk_max = std::max(chunk_max, scores[j]);
       }
       const float new_max = std::max(running_max, chunk_max);
-      const float rescale = std::exp(running_max - new_max);
-      // The denominator takes the fp32 probabilities; P·V takes them rounded to bf16 (K41:377).
-      float chunk_sum = 0.0f;
-      for (size_t j = 0; j < len; ++j) {
-        probs[j] = std::exp(scores[j] - new_max);
-        chunk_sum += probs[j];
-      }
+      const float rescale = torch_exp(running_max - new_max);
+      // The denominator takes the fp32 probabilities, the chunk's sum in torch's order (p.sum(),
+      // cascade_sum.h, empty slots as zeros); P·V takes them rounded to bf16 (K41:377). exp is
+      // torch's (torch_math.h): with a correctly rounded exp a sequential sum happened to give the
+      // goldens' bits, with torch's exp only torch's order does.
+      for (size_t j = 0; j < len; ++j) probs[j] = torch_exp(scores[j] - new_max);
+      const float chunk_sum = cascade_sum_of(probs, static_cast<int64_t>(len));
       std::fill(chunk_acc.begin(), chunk_acc.end(), 0.0f);
       for (size_t j = 0; j < len; ++j) {
         const float* row = rows[t + j];
@@ -98,7 +100,7 @@ void sparse_attention(const float* q, int64_t heads, int64_t d, const KvRows& pa
     }
     // The sink joins the denominator unscaled (K41:382-383). With no valid entry at all the max is
     // still -1e30, exp(sink + 1e30) = inf and the output is 0 / inf = 0.
-    sum = sum + std::exp(sink[h] - running_max);
+    sum = sum + torch_exp(sink[h] - running_max);
     float* oh = out + h * d;
     for (int64_t i = 0; i < d; ++i) oh[i] = round_bf16(acc[i] / sum);
   }

@@ -80,12 +80,9 @@ inline void attention_heads(const float* q, int64_t d, const float* const* rows,
       for (int64_t r = 0; r < nlive; ++r) scores[live_at[r]] = lg[r * V::W] * scale;
       for (int64_t j = 0; j < len; ++j) chunk_max = std::max(chunk_max, scores[j]);
       const float new_max = std::max(running_max[hl], chunk_max);
-      const float rescale = std::exp(running_max[hl] - new_max);
-      float chunk_sum = 0.0f;
-      for (int64_t j = 0; j < len; ++j) {
-        probs[j] = std::exp(scores[j] - new_max);
-        chunk_sum += probs[j];
-      }
+      const float rescale = torch_exp(running_max[hl] - new_max);
+      for (int64_t j = 0; j < len; ++j) probs[j] = torch_exp(scores[j] - new_max);
+      const float chunk_sum = reference::cascade_sum_of(probs, len);  // torch's order, as the reference's
       // P·V and the rescale of the running sums, eight vectors of d at a time.
       float* ah = acc + hl * d;
       const V::F rv = V::set1(rescale);
@@ -119,7 +116,7 @@ inline void attention_heads(const float* q, int64_t d, const float* const* rows,
   }
   for (int64_t hl = 0; hl < nh; ++hl) {
     const int64_t h = h0 + hl;
-    const float total = sum[hl] + std::exp(sink[h] - running_max[hl]);
+    const float total = sum[hl] + torch_exp(sink[h] - running_max[hl]);
     const float* ah = acc + hl * d;
     float* oh = out + h * d;
     const V::F tv = V::set1(total);

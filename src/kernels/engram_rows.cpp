@@ -4,6 +4,7 @@
 
 #include "kernels/reference.h"
 #include "numeric/formats.h"
+#include "kernels/torch_math.h"
 
 namespace dsv41::reference {
 
@@ -34,7 +35,7 @@ void engram_gate(float* X, int64_t s, int64_t hc, int64_t d, const float* kv, co
       const float rstd = (1.0f / std::sqrt(hh / static_cast<float>(d) + eps)) *
                          (1.0f / std::sqrt(kk / static_cast<float>(d) + eps));
       dot = dot * rstd * inv_sqrt_dim;
-      const float gate = 1.0f / (1.0f + std::exp(-std::copysign(std::sqrt(std::max(std::fabs(dot), 1e-6f)), dot)));
+      const float gate = torch_sigmoid(std::copysign(std::sqrt(std::max(std::fabs(dot), 1e-6f)), dot));
       for (int64_t j = 0; j < d; ++j) h[j] = round_bf16(h[j] + gate * value[j]);
     }
   }

@@ -6,16 +6,11 @@
 #include <vector>
 
 #include "kernels/reference.h"
+#include "kernels/torch_math.h"
 
 namespace dsv41 {
 
 namespace {
-
-// torch.sigmoid on CPU: 1 / (1 + exp(-x)).
-float sigmoid(float x) {
-  const float e = std::exp(-x);
-  return 1.0f / (1.0f + e);
-}
 
 // comb[j][k] /= (Σ_k comb[j][k] + eps): normalise each row (the port's sum over dim -1).
 void divide_rows(float* comb, int hc, float eps) {
@@ -50,12 +45,12 @@ void hc_split_sinkhorn(const float* mixes, const float* scale3, const float* bas
   for (int c = 0; c < hc; ++c) {
     // Products and sums as separate statements: the port rounds each (no fused multiply-add).
     const float pre_scaled = mixes[c] * scale3[0];
-    pre[c] = sigmoid(pre_scaled + base[c]) + eps;
+    pre[c] = torch_sigmoid(pre_scaled + base[c]) + eps;
     const float post_scaled = mixes[hc + c] * scale3[1];
-    post[c] = 2.0f * sigmoid(post_scaled + base[hc + c]);
+    post[c] = 2.0f * torch_sigmoid(post_scaled + base[hc + c]);
   }
-  // comb = softmax over the last dim (row-wise), written out as the port does: exp(x - rowmax),
-  // then divided by the row sum, plus eps.
+  // comb = softmax over the last dim (row-wise), written out as the port does: exp(x - rowmax)
+  // (torch's exp, torch_math.h), then divided by the row sum, plus eps.
   for (int j = 0; j < hc; ++j) {
     float* row = comb + j * hc;
     for (int k = 0; k < hc; ++k) {
@@ -65,7 +60,7 @@ void hc_split_sinkhorn(const float* mixes, const float* scale3, const float* bas
     const float row_max = *std::max_element(row, row + hc);
     float s = 0.0f;
     for (int k = 0; k < hc; ++k) {
-      row[k] = std::exp(row[k] - row_max);
+      row[k] = torch_exp(row[k] - row_max);
       s += row[k];
     }
     for (int k = 0; k < hc; ++k) row[k] = row[k] / s + eps;

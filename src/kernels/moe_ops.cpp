@@ -6,6 +6,7 @@
 
 #include "kernels/reference.h"
 #include "numeric/formats.h"
+#include "kernels/torch_math.h"
 
 namespace dsv41::reference {
 
@@ -22,16 +23,17 @@ void moe_route(const float* logits, int64_t s, const RouterParams& p, const floa
           scores[e] = v;  // normalised below
           break;
         case ScoreFunction::Sigmoid:
-          scores[e] = 1.0f / (1.0f + std::exp(-v));
+          scores[e] = torch_sigmoid(v);
           break;
         case ScoreFunction::SqrtSoftplus:  // torch's softplus switches to identity above 20
-          scores[e] = std::sqrt(v > 20.0f ? v : std::log1p(std::exp(v)));
+          // torch's exp; its log1p is Sleef's too, which this libm log1p is not (docs/agreement.md)
+          scores[e] = std::sqrt(v > 20.0f ? v : std::log1p(torch_exp(v)));
           break;
       }
     }
     if (p.score == ScoreFunction::Softmax) {
       float mx = *std::max_element(scores.begin(), scores.end()), sum = 0;
-      for (float& v : scores) sum += (v = std::exp(v - mx));
+      for (float& v : scores) sum += (v = torch_exp(v - mx));
       for (float& v : scores) v /= sum;
     }
     // the bias steers selection only; the weights come from the unbiased scores
@@ -78,7 +80,7 @@ void swiglu(float* g, const float* u, int64_t m, int64_t n, float lim, const flo
         uv = std::clamp(uv, -lim, lim);
         gv = std::min(gv, lim);
       }
-      float h = gv / (1.0f + std::exp(-gv)) * uv;
+      float h = torch_silu(gv) * uv;
       if (row_weights) h = row_weights[i] * h;
       g[i * n + j] = round_bf16(h);
     }

@@ -10,9 +10,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cascade_sum.h"
 #include "kernels/kv_rows.h"
 #include "kernels/linear_internal.h"
 #include "kernels/reference.h"
+#include "kernels/torch_math.h"
 #include "numeric/formats.h"
 #include "numeric/quant.h"
 

@@ -462,11 +462,11 @@ TEST(Ops, TopkAndCandidateBlocks) {
       const int64_t k = std::min<int64_t>(g.c.index_topk, n), visible = n - 1;
       const int64_t blocks = g.c.candidate_topk_blocks, bs = g.c.candidate_block_size;
       cases.push_back({named(g, "top-k of " + std::to_string(n)), [=](const Backend* be) {
-                         return as_floats(be ? be->topk_ascending(s->data(), n, k)
+                         return as_floats(be ? be->topk_ascending(s->data(), n, k, TopkTies::LowerIndexFirst)
                                              : reference::topk_ascending(s->data(), n, k));
                        }});
       cases.push_back({named(g, "candidate blocks of " + std::to_string(n)), [=](const Backend* be) {
-                         return as_floats(be ? be->select_candidate_blocks(s->data(), n, visible, blocks, bs)
+                         return as_floats(be ? be->select_candidate_blocks(s->data(), n, visible, blocks, bs, TopkTies::LowerIndexFirst)
                                              : reference::select_candidate_blocks(s->data(), n, visible, blocks, bs));
                        }});
     }

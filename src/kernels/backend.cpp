@@ -71,12 +71,12 @@ void Backend::index_scores_in_pool(const float* q, const float* weights, int64_t
                                    const std::vector<int32_t>* pools, int64_t block_size, float* scores) const {
   reference::index_scores_in_pool(q, weights, nq, nh, K, keys, n_keys, visible, pools, block_size, scores);
 }
-std::vector<int32_t> Backend::topk_ascending(const float* scores, int64_t n, int64_t k) const {
-  return reference::topk_ascending(scores, n, k);
+std::vector<int32_t> Backend::topk_ascending(const float* scores, int64_t n, int64_t k, TopkTies ties) const {
+  return reference::topk_ascending(scores, n, k, ties);
 }
 std::vector<int32_t> Backend::select_candidate_blocks(const float* scores, int64_t n, int64_t visible,
-                                                      int64_t topk_blocks, int64_t block_size) const {
-  return reference::select_candidate_blocks(scores, n, visible, topk_blocks, block_size);
+                                                      int64_t topk_blocks, int64_t block_size, TopkTies ties) const {
+  return reference::select_candidate_blocks(scores, n, visible, topk_blocks, block_size, ties);
 }
 void Backend::sparse_attention(const float* q, int64_t heads, int64_t d, const KvRows& rows, const float* sink,
                                float scale, float* out) const {

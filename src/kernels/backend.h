@@ -105,14 +105,14 @@ class Backend {
   virtual void index_scores_in_pool(const float* q, const float* weights, int64_t nq, int64_t nh, int64_t K,
                                     const uint8_t* const* keys, int64_t n_keys, const int64_t* visible,
                                     const std::vector<int32_t>* pools, int64_t block_size, float* scores) const;
-  // Indices of the k largest scores (ties toward the lower index), ascending: the reference's
+  // Indices of the k largest scores (equal ones kept as `ties` says), ascending: the reference's
   // topk(sorted=False) then sort. -inf entries are selectable when fewer than k are finite.
-  virtual std::vector<int32_t> topk_ascending(const float* scores, int64_t n, int64_t k) const;
+  virtual std::vector<int32_t> topk_ascending(const float* scores, int64_t n, int64_t k, TopkTies ties) const;
   // Level one of the two-level selection (select_candidate_blocks) for one query: `scores` (n rows,
   // -inf where not visible) padded to whole blocks, each block scored by its best row, the block of
   // the newest visible row pinned, the best `topk_blocks` kept unless -inf; ascending block ids.
   virtual std::vector<int32_t> select_candidate_blocks(const float* scores, int64_t n, int64_t visible,
-                                                       int64_t topk_blocks, int64_t block_size) const;
+                                                       int64_t topk_blocks, int64_t block_size, TopkTies ties) const;
   // sparse_attn for one query (K41:296-403): q[h·d] (bf16 values) over `rows` in list order, in
   // chunks of 64 with an online softmax whose running max starts at -1e30; P is rounded to bf16
   // (relative to the running max) before P·V; the denominator sums fp32 P and gets

@@ -76,6 +76,19 @@ struct RotaryRows {
 };
 
 // ---- attention ----------------------------------------------------------------------------------
+// Which of several equal scores a top-k selection keeps (the indexer's top-k, the candidate blocks).
+// torch.topk leaves it unspecified, and equal scores are common (bf16 and FP4-rounded keys).
+enum class TopkTies {
+  // A total order: the lower index first. A selection then depends only on the scores, not on how
+  // many entries the row has, so chunked prefill, decode and speculative verification pick the
+  // same rows as a one-shot prefill (the serving default).
+  LowerIndexFirst,
+  // What torch's CPU kernel keeps (kernels/select.cpp): the reference's own rows, bit for bit on the
+  // goldens, but dependent on the row's width, so its prefill and decode may differ, as the
+  // reference's do.
+  Torch,
+};
+
 // The packed row formats of the per-sequence state (numeric/row_codecs.h).
 enum class KvFormat {
   Window,    // sliding-window KV: E4M3 + E8M0 per 32

@@ -30,9 +30,10 @@ void index_scores(const float* q, const float* weights, int64_t nq, int64_t nh, 
 void index_scores_in_pool(const float* q, const float* weights, int64_t nq, int64_t nh, int64_t K,
                           const uint8_t* const* keys, int64_t n_keys, const int64_t* visible,
                           const std::vector<int32_t>* pools, int64_t block_size, float* scores);
-std::vector<int32_t> topk_ascending(const float* scores, int64_t n, int64_t k);
+std::vector<int32_t> topk_ascending(const float* scores, int64_t n, int64_t k,
+                                    TopkTies ties = TopkTies::LowerIndexFirst);
 std::vector<int32_t> select_candidate_blocks(const float* scores, int64_t n, int64_t visible, int64_t topk_blocks,
-                                             int64_t block_size);
+                                             int64_t block_size, TopkTies ties = TopkTies::LowerIndexFirst);
 void sparse_attention(const float* q, int64_t heads, int64_t d, const KvRows& rows, const float* sink, float scale,
                       float* out);
 

@@ -218,9 +218,9 @@ void run_indexer(const Backend& be, const ModelConfig& c, const LayerRole& r, co
     }
     const float* score = &scores[(i % block) * n_keys];
     if (r.candidate_source) {
-      ctx.candidates[i] = be.select_candidate_blocks(score, n_keys, visible, c.candidate_topk_blocks, bs);
+      ctx.candidates[i] = be.select_candidate_blocks(score, n_keys, visible, c.candidate_topk_blocks, bs, ctx.topk_ties);
     }
-    std::vector<int32_t> top = be.topk_ascending(score, n_keys, k);
+    std::vector<int32_t> top = be.topk_ascending(score, n_keys, k, ctx.topk_ties);
     for (int32_t& t : top) {
       if (t >= visible) t = -1;
     }

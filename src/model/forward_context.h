@@ -40,6 +40,7 @@ struct ForwardContext {
   int64_t start = 0;  // position of the first token of this call
   int64_t count = 0;  // tokens in this call
   IndexKeysMode index_keys = IndexKeysMode::Owner;
+  TopkTies topk_ties = TopkTies::LowerIndexFirst;
   bool replay = false;  // global rows are read-only: KV sources do not compress or publish
   std::vector<std::vector<std::vector<int32_t>>> topk;  // [layer][query]: compressed rows, -1 = none
   std::vector<std::vector<int32_t>> candidates;         // [query]: the pool's block ids, ascending

@@ -147,6 +147,7 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
     ctx.start = call.state->length;
     ctx.count = run.count;
     ctx.index_keys = opt.index_keys;
+    ctx.topk_ties = opt.topk_ties;
     ctx.replay = opt.replay;
     ctx.record_compressor_rows = opt.record_compressor_rows;
     if (opt.record_compressor_rows) {

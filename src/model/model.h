@@ -22,6 +22,7 @@ namespace dsv41 {
 
 struct ForwardOptions {
   IndexKeysMode index_keys = IndexKeysMode::Owner;
+  TopkTies topk_ties = TopkTies::LowerIndexFirst;  // kernels/op_types.h
   bool all_logits = false;      // logits for every token of the call, not only the last
   bool capture_blocks = false;  // keep the residual stream after every backbone block
   // Tail mode (CED, model-spec §4): layers from late_layer_start on run only on positions >= tail_start

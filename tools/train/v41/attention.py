@@ -74,7 +74,8 @@ def topk_ascending_mask(scores, k, visible):
     scores [..., s, n], visible [s] -> (mask [..., s, n] bool, selected [..., s, k] int, -1 = none).
     Ties (equal bf16 scores are common) are broken by torch.topk itself, as in the reference: on
     the goldens this reproduces the reference's selections exactly (a stable lower-index-first
-    order, as the C++ engine uses, differs from it at 5-57 queries per layer of tiny-sparse)."""
+    order, the C++ engine's serving default, differs from it at 5-57 queries per layer of tiny-sparse;
+    the engine's TopkTies::Torch reproduces torch's choice)."""
     sel = scores.topk(k, dim=-1, sorted=False).indices.sort(dim=-1).values
     ok = sel < visible.view(-1, 1)
     mask = torch.zeros(scores.shape, dtype=torch.bool).scatter(-1, sel, ok)

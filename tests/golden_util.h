@@ -41,12 +41,14 @@ struct Golden {
 // How far our logits rows are from the reference's.
 struct Agreement {
   double rel_l2 = 0, median_max_abs = 0, worst_max_abs = 0, argmax = 0;
+  int64_t rows = 0, identical_rows = 0;  // rows whose every value equals the reference's
 };
 
 inline Agreement compare_rows(const std::vector<float>& ours, const std::vector<float>& ref, int64_t vocab) {
   const int64_t rows = static_cast<int64_t>(ref.size()) / vocab;
   double num = 0, den = 0;
   int same = 0;
+  int64_t identical = 0;
   std::vector<double> max_abs;
   for (int64_t r = 0; r < rows; ++r) {
     double m = 0;
@@ -57,6 +59,7 @@ inline Agreement compare_rows(const std::vector<float>& ours, const std::vector<
       m = std::max(m, std::fabs(d));
     }
     max_abs.push_back(m);
+    identical += m == 0;
     auto a = std::max_element(&ours[r * vocab], &ours[r * vocab] + vocab) - &ours[r * vocab];
     auto b = std::max_element(&ref[r * vocab], &ref[r * vocab] + vocab) - &ref[r * vocab];
     same += a == b;
@@ -67,6 +70,8 @@ inline Agreement compare_rows(const std::vector<float>& ours, const std::vector<
   g.median_max_abs = max_abs[max_abs.size() / 2];
   g.worst_max_abs = max_abs.back();
   g.argmax = static_cast<double>(same) / static_cast<double>(rows);
+  g.rows = rows;
+  g.identical_rows = identical;
   return g;
 }
 

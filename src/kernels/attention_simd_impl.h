@@ -81,7 +81,11 @@ inline void attention_heads(const float* q, int64_t d, const float* const* rows,
       for (int64_t j = 0; j < len; ++j) chunk_max = std::max(chunk_max, scores[j]);
       const float new_max = std::max(running_max[hl], chunk_max);
       const float rescale = torch_exp(running_max[hl] - new_max);
-      for (int64_t j = 0; j < len; ++j) probs[j] = torch_exp(scores[j] - new_max);
+      // torch's exp of (score - max), a vector at a time (x + (-max) is x - max exactly)
+      int64_t j = 0;
+      for (const V::F neg_max = V::set1(-new_max); j + V::W <= len; j += V::W)
+        V::store(probs + j, V::exp(V::add(V::load(scores + j), neg_max)));
+      for (; j < len; ++j) probs[j] = torch_exp(scores[j] - new_max);
       const float chunk_sum = reference::cascade_sum_of(probs, len);  // torch's order, as the reference's
       // P·V and the rescale of the running sums, eight vectors of d at a time.
       float* ah = acc + hl * d;

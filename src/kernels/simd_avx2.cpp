@@ -67,6 +67,26 @@ struct V {
     _mm256_maskstore_ps(p, mask, v);
   }
   static F e8m0(const uint8_t* codes);  // W E8M0 codes as fp32 (defined with the packed decoders)
+  // 2^e lane by lane for e in [-126, 127], as fp32 bits
+  static F pow2(__m256i e) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23));
+  }
+  // torch_exp (torch_math.h) lane by lane, the same operations in the same order.
+  static F exp(F d) {
+    using namespace torch_exp_constants;
+    const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(d, set1(kLog2e)));  // to nearest even
+    const F qf = _mm256_cvtepi32_ps(q);
+    F s = _mm256_fmadd_ps(qf, set1(-kLn2Hi), d);
+    s = _mm256_fmadd_ps(qf, set1(-kLn2Lo), s);
+    F u = set1(kPoly[0]);
+    for (int i = 1; i < 6; ++i) u = _mm256_fmadd_ps(u, s, set1(kPoly[i]));
+    u = _mm256_add_ps(set1(1.0f), _mm256_fmadd_ps(_mm256_mul_ps(s, s), u, s));
+    const __m256i half = _mm256_srai_epi32(q, 1), rest = _mm256_sub_epi32(q, half);
+    u = _mm256_mul_ps(_mm256_mul_ps(u, pow2(half)), pow2(rest));
+    // out of range q is garbage and replaced; NaN compares false and stays NaN
+    u = _mm256_andnot_ps(_mm256_cmp_ps(d, set1(kZeroBelow), _CMP_LT_OQ), u);
+    return _mm256_blendv_ps(u, set1(std::numeric_limits<float>::infinity()), _mm256_cmp_ps(d, set1(kInfAbove), _CMP_GT_OQ));
+  }
 };
 
 // Rows r and r+8 of a 16-row tile side by side in one ymm: 16 bytes of each.

@@ -68,6 +68,27 @@ struct V {
     _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << count) - 1u), v);
   }
   static F e8m0(const uint8_t* codes);  // W E8M0 codes as fp32 (defined with the packed decoders)
+  // 2^e lane by lane for e in [-126, 127], as fp32 bits
+  static F pow2(__m512i e) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127)), 23));
+  }
+  // torch_exp (torch_math.h) lane by lane, the same operations in the same order.
+  static F exp(F d) {
+    using namespace torch_exp_constants;
+    const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(d, set1(kLog2e)));  // to nearest even
+    const F qf = _mm512_cvtepi32_ps(q);
+    F s = _mm512_fmadd_ps(qf, set1(-kLn2Hi), d);
+    s = _mm512_fmadd_ps(qf, set1(-kLn2Lo), s);
+    F u = set1(kPoly[0]);
+    for (int i = 1; i < 6; ++i) u = _mm512_fmadd_ps(u, s, set1(kPoly[i]));
+    u = _mm512_add_ps(set1(1.0f), _mm512_fmadd_ps(_mm512_mul_ps(s, s), u, s));
+    const __m512i half = _mm512_srai_epi32(q, 1), rest = _mm512_sub_epi32(q, half);
+    u = _mm512_mul_ps(_mm512_mul_ps(u, pow2(half)), pow2(rest));
+    // out of range q is garbage and replaced; NaN compares false and stays NaN
+    u = _mm512_maskz_mov_ps(static_cast<__mmask16>(~_mm512_cmp_ps_mask(d, set1(kZeroBelow), _CMP_LT_OQ)), u);
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(d, set1(kInfAbove), _CMP_GT_OQ), u,
+                                set1(std::numeric_limits<float>::infinity()));
+  }
 };
 
 // Rows r and r+16 of a 32-row tile side by side in one ymm: 16 bytes of each (from memory, the

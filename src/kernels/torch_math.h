@@ -27,22 +27,28 @@
 
 namespace dsv41 {
 
+// The constants, shared with the vector forms in the ISA files (V::exp there).
+namespace torch_exp_constants {
+constexpr float kLog2e = 1.442695040888963407359924681001892137426645954152985934135449406931f;
+constexpr float kLn2Hi = 0.693145751953125f, kLn2Lo = 1.428606765330187045e-06f;
+// Horner's rule from the highest power down
+constexpr float kPoly[6] = {0.000198527617612853646278381f, 0.00139304355252534151077271f,
+                            0.00833336077630519866943359f,  0.0416664853692054748535156f,
+                            0.166666671633720397949219f,    0.5f};
+constexpr float kZeroBelow = -104.0f, kInfAbove = 100.0f;
+}  // namespace torch_exp_constants
+
 inline float torch_exp(float d) {
+  using namespace torch_exp_constants;
   if (std::isnan(d)) return d;
-  if (d < -104.0f) return 0.0f;
-  if (d > 100.0f) return std::numeric_limits<float>::infinity();
-  constexpr float kLog2e = 1.442695040888963407359924681001892137426645954152985934135449406931f;
-  constexpr float kLn2Hi = 0.693145751953125f, kLn2Lo = 1.428606765330187045e-06f;
+  if (d < kZeroBelow) return 0.0f;
+  if (d > kInfAbove) return std::numeric_limits<float>::infinity();
   const int q = static_cast<int>(std::nearbyint(d * kLog2e));
   const float qf = static_cast<float>(q);
   float s = std::fma(qf, -kLn2Hi, d);
   s = std::fma(qf, -kLn2Lo, s);
-  float u = 0.000198527617612853646278381f;
-  u = std::fma(u, s, 0.00139304355252534151077271f);
-  u = std::fma(u, s, 0.00833336077630519866943359f);
-  u = std::fma(u, s, 0.0416664853692054748535156f);
-  u = std::fma(u, s, 0.166666671633720397949219f);
-  u = std::fma(u, s, 0.5f);
+  float u = kPoly[0];
+  for (int i = 1; i < 6; ++i) u = std::fma(u, s, kPoly[i]);
   u = 1.0f + std::fma(s * s, u, s);
   // 2^e as fp32 bits, e in [-126, 127] here (|q| <= 150 splits into halves of at most 75)
   const auto pow2 = [](int e) {

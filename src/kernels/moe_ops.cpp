@@ -26,8 +26,7 @@ void moe_route(const float* logits, int64_t s, const RouterParams& p, const floa
           scores[e] = torch_sigmoid(v);
           break;
         case ScoreFunction::SqrtSoftplus:  // torch's softplus switches to identity above 20
-          // torch's exp; its log1p is Sleef's too, which this libm log1p is not (docs/agreement.md)
-          scores[e] = std::sqrt(v > 20.0f ? v : std::log1p(torch_exp(v)));
+          scores[e] = std::sqrt(torch_softplus(v));
           break;
       }
     }

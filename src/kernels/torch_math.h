@@ -13,7 +13,13 @@
 //   u = u · 2^(q>>1) · 2^(q - (q>>1))          (two exact scalings, so q up to ±150 fits)
 //   d < -104 gives +0 and d > 100 gives +inf (the polynomial is not used there).
 // torch's sigmoid is 1 / (1 + exp(-x)) and SiLU x / (1 + exp(-x)), each op rounded, with this exp.
-// tests/torch_math_test.cpp holds all three to the values torch itself computes, bit for bit.
+//
+// log1p (for softplus, log1p(exp(x)) below torch's threshold of 20) is Sleef's log1pf_u10 too:
+// 1 + d split as m·2^e with m in [0.75, 1.5) (found on (1+d)/0.75's exponent), then log(1+m') =
+// 2·atanh(m/(2+m)) in double-float arithmetic (pairs of fp32 carrying a value and its rounding
+// error): e·ln2 as a pair times e, the quotient as a pair, a degree-2 polynomial in its square, and
+// the pair summed last. tests/torch_math_test.cpp holds exp, sigmoid, SiLU and softplus to the values
+// torch itself computes, bit for bit.
 //
 // The same arithmetic in scalar code: std::fma is one correctly rounded fused multiply-add (an
 // instruction where the target has one, a libm routine otherwise), so every machine gets the same
@@ -60,6 +66,79 @@ inline float torch_exp(float d) {
   const int half = q >> 1;
   return u * pow2(half) * pow2(q - half);
 }
+
+namespace torch_math_detail {
+
+// A double-float: x + y with |y| <= ulp(x)/2, each half fp32 (Sleef's vfloat2).
+struct Pair {
+  float x, y;
+};
+inline float fma_pn(float a, float b, float c) { return std::fma(a, b, -c); }  // a·b − c, one rounding
+inline float fma_np(float a, float b, float c) { return std::fma(-a, b, c); }  // c − a·b, one rounding
+inline Pair mul(Pair a, float b) {
+  const float s = a.x * b;
+  return {s, std::fma(a.y, b, fma_pn(a.x, b, s))};
+}
+inline Pair div(Pair n, Pair d) {
+  const float t = 1.0f / d.x, s = n.x * t, u = fma_pn(t, n.x, s);
+  const float v = fma_np(d.y, t, fma_np(d.x, t, 1.0f));
+  return {s, std::fma(s, v, std::fma(n.y, t, u))};
+}
+inline Pair add(float a, float b) {  // |a| >= |b|
+  const float s = a + b;
+  return {s, (a - s) + b};
+}
+inline Pair add(Pair a, Pair b) {
+  const float s = a.x + b.x;
+  return {s, (((a.x - s) + b.x) + a.y) + b.y};
+}
+inline Pair add(Pair a, float b) {
+  const float s = a.x + b;
+  return {s, ((a.x - s) + b) + a.y};
+}
+inline int32_t bits_of(float f) {
+  int32_t i;
+  std::memcpy(&i, &f, sizeof i);
+  return i;
+}
+inline float float_of(int32_t i) {
+  float f;
+  std::memcpy(&f, &i, sizeof f);
+  return f;
+}
+
+}  // namespace torch_math_detail
+
+// Sleef's log1pf_u10 for d <= 1e23 (beyond, Sleef takes its logf, which this does not reproduce;
+// softplus never goes there).
+inline float torch_log1p(float d) {
+  using namespace torch_math_detail;
+  if (d > 1e23f) return std::log(d);
+  float dp1 = d + 1.0f;
+  const bool tiny = dp1 < std::numeric_limits<float>::min();
+  if (tiny) dp1 = dp1 * 18446744073709551616.0f;  // 2^64
+  int32_t e = ((bits_of(dp1 * (1.0f / 0.75f)) >> 23) & 0xff) - 0x7f;
+  const float t = float_of(bits_of(1.0f) + static_cast<int32_t>(static_cast<uint32_t>(-e) << 23));  // 2^-e
+  const float m = std::fma(d, t, t - 1.0f);
+  if (tiny) e -= 64;
+  Pair s = mul({0.69314718246459960938f, -1.904654323148236017e-09f}, static_cast<float>(e));
+  const Pair x = div({m, 0.0f}, add(2.0f, m));
+  const float x2 = x.x * x.x;
+  float p = 0.3027294874e+0f;
+  p = std::fma(p, x2, 0.3996108174e+0f);
+  p = std::fma(p, x2, 0.6666694880e+0f);
+  s = add(s, Pair{x.x * 2.0f, x.y * 2.0f});
+  s = add(s, (x2 * x.x) * p);
+  float r = s.x + s.y;
+  if (d > 1e38f) r = std::numeric_limits<float>::infinity();
+  if (-1.0f > d || std::isnan(d)) r = std::numeric_limits<float>::quiet_NaN();
+  if (d == -1.0f) r = -std::numeric_limits<float>::infinity();
+  if (d == 0.0f && std::signbit(d)) r = -0.0f;
+  return r;
+}
+
+// torch's softplus with beta 1 and threshold 20: x above the threshold, log1p(exp(x)) below.
+inline float torch_softplus(float x) { return x > 20.0f ? x : torch_log1p(torch_exp(x)); }
 
 inline float torch_sigmoid(float x) { return 1.0f / (1.0f + torch_exp(-x)); }
 

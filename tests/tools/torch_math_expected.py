@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Expected exp, sigmoid and SiLU for tests/torch_math_test.cpp, computed by torch itself.
+"""Expected exp, sigmoid, SiLU and softplus for tests/torch_math_test.cpp, computed by torch itself.
 
 torch on CPU runs these element-wise ops through its vectorised kernels, whose exp is Sleef's
 (src/kernels/torch_math.h). The inputs are fp32 values where that exp, or the sigmoid or SiLU built on
@@ -27,10 +27,13 @@ def main():
     with np.errstate(over="ignore"):
         cr = correctly_rounded_exp(grid)
         cr_neg = correctly_rounded_exp(-grid)
+    with np.errstate(over="ignore"):
+        cr_softplus = np.where(grid > 20, grid, np.log1p(np.exp(grid.astype(np.float64))).astype(np.float32))
     picks = []
     for ours, theirs in [(torch.exp(t).numpy(), cr),
                          (torch.sigmoid(t).numpy(), one / (one + cr_neg)),
-                         (torch.nn.functional.silu(t).numpy(), grid / (one + cr_neg))]:
+                         (torch.nn.functional.silu(t).numpy(), grid / (one + cr_neg)),
+                         (torch.nn.functional.softplus(t).numpy(), cr_softplus)]:
         idx = np.nonzero(ours != theirs)[0]
         picks.extend(idx[np.linspace(0, len(idx) - 1, PER_OP).astype(int)].tolist())
     edges = [0.0, -0.0, 1e-30, -1e-30, 88.7, 88.72, 88.73, 99.9, 100.0, 100.5, -87.3, -88.0, -100.0,
@@ -39,6 +42,7 @@ def main():
     x = np.concatenate([x, np.zeros((-len(x)) % 16, dtype=np.float32)])
     t = torch.from_numpy(x)
     e, s, u = torch.exp(t).numpy(), torch.sigmoid(t).numpy(), torch.nn.functional.silu(t).numpy()
+    sp = torch.nn.functional.softplus(t).numpy()
 
     def lit(v):
         v = float(v)
@@ -52,10 +56,10 @@ def main():
     print("#pragma once\n\n#include <limits>\n\nnamespace dsv41::test {\n")
     print("constexpr float kInf = std::numeric_limits<float>::infinity();")
     print("constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();\n")
-    print("struct TorchMathExpected {\n  float x, exp, sigmoid, silu;\n};\n")
+    print("struct TorchMathExpected {\n  float x, exp, sigmoid, silu, softplus;\n};\n")
     print("constexpr TorchMathExpected kTorchMathExpected[] = {")
     for i in range(len(x)):
-        print("    {%s, %s, %s, %s}," % (lit(x[i]), lit(e[i]), lit(s[i]), lit(u[i])))
+        print("    {%s, %s, %s, %s, %s}," % (lit(x[i]), lit(e[i]), lit(s[i]), lit(u[i]), lit(sp[i])))
     print("};\n\n}  // namespace dsv41::test")
 
 

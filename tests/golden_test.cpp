@@ -115,11 +115,13 @@ TEST_P(GoldenSet, PrefillLastAtEveryListedLength) {
 }
 
 // Decode rows equal the reference's decode rows, except where the reference disagrees with itself: at
-// one tiny-dense row (row 28, by 8e-4) its one-token decode differs from its own prefill where the
-// two take the same path in the engine, likely where torch's element-wise ops meet one-token tensors
-// (torch runs a tail of fewer than 16 values through the scalar op, whose exp is libm's, not
-// Sleef's). There ours equals the reference's prefill row instead. (On tiny-sparse every decode row
-// differs from the prefill row, as the decode list layout does, and ours equals the decode rows.)
+// one tiny-dense row (row 28, by 8e-4) its one-token decode differs from its own prefill. torch runs
+// the last values of an element-wise op's tensor that do not fill two vectors (fewer than 16) through
+// the op's scalar form, with libm's exp and log1p, and a one-token step's sigmoid and softplus
+// tensors (4 values) are all tail; an engine build that used libm there for one-token forwards
+// matched every decode row (docs/agreement.md). There ours equals the reference's prefill row. (On
+// tiny-sparse every decode row differs from the prefill row, as the decode list layout does, and ours
+// equals the decode rows.)
 TEST_P(GoldenSet, DecodeAfterPrefill) {
   const int prefill = g_->meta["decode_teacher"]["prefill"], rows = g_->meta["decode_teacher"]["rows"];
   const std::vector<float> ours = decode_rows(prefill, rows, IndexKeysMode::Owner);
@@ -159,7 +161,7 @@ TEST_P(GoldenSet, GreedyTokens) {
   std::printf("[golden] %s greedy tokens: %d of %zu equal\n", GetParam().c_str(), same, want.size());
   EXPECT_EQ(same, static_cast<int>(want.size()));
   // measured: every row identical on tiny-dense; on tiny-sparse 24 of 25, the other within 5e-7 (one
-  // fp32 ulp of its largest logit)
+  // fp32 ulp of its largest logit): the reference's one-token scalar path again (DecodeAfterPrefill)
   const Agreement a = compare_rows(ours, g_->f32(g_->meta["greedy"]["file"]), vocab_);
   expect_agreement(a, 1, what("greedy rows"));
   EXPECT_LE(a.worst_max_abs, 1e-6) << what("greedy rows");

@@ -14,8 +14,10 @@ void Stream::keep(const std::vector<int64_t>& kept, int64_t hc, int64_t dim) {
     if (from == to) continue;
     std::copy_n(&X[from * width], width, &X[to * width]);
     std::copy_n(&pre[from * hc], hc, &pre[to * hc]);
+    if (!span.empty()) span[to] = span[from];
   }
   rows = static_cast<int64_t>(kept.size());
+  if (!span.empty()) span.resize(static_cast<size_t>(rows));
   X.resize(static_cast<size_t>(rows * width));
   pre.resize(static_cast<size_t>(rows * hc));
 }
@@ -50,7 +52,7 @@ void run_block(const Backend& be, const ModelConfig& c, const LayerRole& r, cons
   // next block
   Mixes f = hc_step(be, c, x.X.data(), y.data(), a, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, n, u.data());
   be.rms_norm(u.data(), n, d, L.ffn_norm.bits.data(), eps, u.data(), true);
-  moe_forward(be, c, r.layer, L.ffn, u.data(), n, y.data());
+  moe_forward(be, c, r.layer, L.ffn, u.data(), n, x.span.empty() ? nullptr : x.span.data(), y.data());
   hc_post(be, c, x.X.data(), y.data(), f, n);
   x.pre = std::move(f.pre);
 }

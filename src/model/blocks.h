@@ -22,6 +22,7 @@ struct Stream {
   int64_t rows = 0;
   std::vector<float> X;    // [rows, hc, dim]
   std::vector<float> pre;  // [rows, hc]
+  std::vector<uint8_t> span;  // [rows]: 1 at an image-span position; empty when there is none
   // Keeps only the rows listed (ascending), in that order.
   void keep(const std::vector<int64_t>& kept, int64_t hc, int64_t dim);
 };

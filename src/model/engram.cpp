@@ -1,5 +1,6 @@
 #include "model/engram.h"
 
+#include "numeric/formats.h"
 #include "util/error.h"
 
 namespace dsv41 {
@@ -40,10 +41,13 @@ std::vector<int64_t> EngramHasher::row_ids(int slot, const std::vector<int64_t>&
   std::vector<int64_t> out(static_cast<size_t>(n * columns_));
   std::vector<int64_t> prod(static_cast<size_t>(max_ngram_));
   for (int64_t i = 0; i < n; ++i) {
-    bool blocked = false;  // cumulative: once history runs out, every further shift is padding
+    // cumulative: once history runs out or a DEAD (image) position is reached, every further shift
+    // is padding
+    bool blocked = false;
     for (int sh = 0; sh < max_ngram_; ++sh) {
       const int64_t at = i - sh;  // index into the call; negative reaches into `recent`
       blocked = blocked || (at < 0 && before + at < 0);
+      if (!blocked) blocked = (at >= 0 ? compressed[at] : recent[before + at]) == kEngramDead;
       const int64_t tok = blocked ? pad_ : at >= 0 ? compressed[at] : recent[before + at];
       prod[sh] = tok * L.multipliers[sh];
     }
@@ -62,14 +66,30 @@ std::vector<int64_t> EngramHasher::row_ids(int slot, const std::vector<int64_t>&
 }
 
 void engram_forward(const Backend& be, const ModelConfig& c, const EngramWeights& w, const uint8_t* codes,
-                    const uint8_t* scales, int64_t s, float* X) {
+                    const uint8_t* scales, int64_t s, const uint8_t* span, float* X) {
   const int64_t d = c.dim, hc = c.hc_mult, hd = c.engram_head_dim, cols = c.engram_hash_columns();
   // the gathered rows dequantized to bf16, one key per copy and the value from them, then the gate
   std::vector<float> rows(static_cast<size_t>(s * cols * hd));
   be.engram_rows(codes, scales, s * cols, hd, rows.data());
   std::vector<float> kv(static_cast<size_t>(s * (hc + 1) * d));
   be.linear_fp8(rows.data(), s, w.wkv, kv.data());
+  std::vector<float> before;  // the span positions' stream, which their gate of 0 keeps
+  if (span != nullptr) {
+    for (int64_t i = 0; i < s; ++i)
+      if (span[i] != 0) before.insert(before.end(), X + i * hc * d, X + (i + 1) * hc * d);
+  }
   be.engram_gate(X, s, hc, d, kv.data(), w.qk.data(), static_cast<float>(c.norm_eps));
+  if (span == nullptr) return;
+  // h + 0·value, rounded: h itself, except that -0 can become +0, as in the reference
+  const float* kept = before.data();
+  for (int64_t i = 0; i < s; ++i) {
+    if (span[i] == 0) continue;
+    const float* value = &kv[static_cast<size_t>((i * (hc + 1) + hc) * d)];
+    for (int64_t cp = 0; cp < hc; ++cp, kept += d) {
+      float* h = X + (i * hc + cp) * d;
+      for (int64_t j = 0; j < d; ++j) h[j] = round_bf16(kept[j] + 0.0f * value[j]);
+    }
+  }
 }
 
 }  // namespace dsv41

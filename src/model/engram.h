@@ -14,6 +14,10 @@
 
 namespace dsv41 {
 
+// The compressed id of an image-span position (vision-spec §6.4): every n-gram that would reach it
+// takes the pad id from there on, as one that reaches before the sequence's start does.
+constexpr int64_t kEngramDead = -1;
+
 class EngramHasher {
  public:
   EngramHasher(const ModelConfig& config, EngramTokenMap map);
@@ -35,8 +39,9 @@ class EngramHasher {
 };
 
 // X: [count, hc, dim] residual stream (bf16 values), updated in place. `codes` and `scales` are the
-// gathered table rows (count × hash columns of them) as EngramStore::gather returns them.
+// gathered table rows (count × hash columns of them) as EngramStore::gather returns them. span:
+// [count], 1 at an image-span position, whose gate is 0 (null: none).
 void engram_forward(const Backend& be, const ModelConfig& config, const EngramWeights& w, const uint8_t* codes,
-                    const uint8_t* scales, int64_t count, float* X);
+                    const uint8_t* scales, int64_t count, const uint8_t* span, float* X);
 
 }  // namespace dsv41

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "model/blocks.h"
+#include "numeric/formats.h"
 #include "numeric/row_codecs.h"
 #include "util/error.h"
 
@@ -137,6 +138,18 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
     run.row0 = static_cast<int64_t>(tokens.size());
     // tail mode: past the last KV source only rows from tail_start on matter for any future state
     run.late_first = opt.tail_start < 0 ? 0 : std::clamp<int64_t>(opt.tail_start - call.state->length, 0, run.count);
+    if (opt.spans) {
+      const SpanEmbeddings& sp = *opt.spans;
+      if (static_cast<int64_t>(sp.mask.size()) != run.count)
+        fail("image spans", "the mask has " + std::to_string(sp.mask.size()) + " entries for a call of " +
+                                std::to_string(run.count) + " tokens");
+      const int64_t positions = std::count_if(sp.mask.begin(), sp.mask.end(), [](uint8_t m) { return m != 0; });
+      if (static_cast<int64_t>(sp.rows.size()) != positions * d)
+        fail("image spans", "hold " + std::to_string(sp.rows.size()) + " values, not span positions·dim = " +
+                                std::to_string(positions * d));
+      // a replay rebuilds windows from token ids alone, which do not carry an image
+      if (opt.replay) fail("image spans", "cannot be replayed");
+    }
     if (opt.teacher) {
       if (opt.tail_start >= 0) fail("forward", "teacher forcing needs exact mode (no tail_start)");
       const int64_t streams = static_cast<int64_t>(opt.teacher->streams.size()), want = c.n_layers * run.count * hc * d;
@@ -169,7 +182,11 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
     std::vector<std::vector<int64_t>> ids(c.engram_layer_ids.size());
     for (ForwardCall& call : calls) {
       SequenceState& st = *call.state;
-      const std::vector<int64_t> compressed = hasher_.compress(call.tokens);
+      std::vector<int64_t> compressed = hasher_.compress(call.tokens);
+      if (call.options.spans) {  // span positions are DEAD for Engram, also in the history kept
+        for (size_t i = 0; i < compressed.size(); ++i)
+          if (call.options.spans->mask[i] != 0) compressed[i] = kEngramDead;
+      }
       for (size_t slot = 0; slot < ids.size(); ++slot) {
         const std::vector<int64_t> rows = hasher_.row_ids(static_cast<int>(slot), st.engram_recent, compressed);
         ids[slot].insert(ids[slot].end(), rows.begin(), rows.end());
@@ -184,6 +201,22 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
 
   std::vector<ForwardResult> results(calls.size());
   Stream x = embed_tokens(be, c, weights_->embed, tokens.data(), static_cast<int64_t>(tokens.size()));
+  // image spans: their assembled rows replace the token embeddings in every copy (vision-spec §6.1)
+  for (size_t k = 0; k < calls.size(); ++k) {
+    if (!calls[k].options.spans) continue;
+    const SpanEmbeddings& sp = *calls[k].options.spans;
+    x.span.resize(static_cast<size_t>(x.rows), 0);
+    const float* row = sp.rows.data();
+    for (int64_t i = 0; i < runs[k].count; ++i) {
+      if (sp.mask[static_cast<size_t>(i)] == 0) continue;
+      const int64_t at = runs[k].row0 + i;
+      x.span[static_cast<size_t>(at)] = 1;
+      for (int64_t cp = 0; cp < hc; ++cp) {  // as a bf16 write (the reference's span rows are bf16)
+        for (int64_t j = 0; j < d; ++j) x.X[(at * hc + cp) * d + j] = round_bf16(row[j]);
+      }
+      row += d;
+    }
+  }
   const int64_t width = hc * d, n_taps = static_cast<int64_t>(c.dspark_target_layer_ids.size());
   for (size_t k = 0; k < calls.size(); ++k) {
     if (calls[k].options.capture_blocks) {
@@ -235,7 +268,8 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
       size_t slot = 0;
       while (c.engram_layer_ids[slot] != layer) ++slot;
       const auto [codes, scales] = fetches.gather(slot);
-      engram_forward(be, c, *L.engram, codes.data(), scales.data(), x.rows, x.X.data());
+      engram_forward(be, c, *L.engram, codes.data(), scales.data(), x.rows, x.span.empty() ? nullptr : x.span.data(),
+                     x.X.data());
     }
     if (r.dspark_tap) {  // the block's input stream, averaged over copies in fp32, one bf16 rounding
       for (size_t k = 0; k < calls.size(); ++k) {

@@ -20,6 +20,17 @@
 
 namespace dsv41 {
 
+// Image spans in a call (vision-spec §6): which of the call's positions are span positions (START,
+// IMAGE, NEW_LINE, END alike), and their embedding rows as the span assembly wrote them (bf16 values,
+// dim each, in position order). They replace the token embeddings there, select experts with the
+// gate's bias_vl, and are DEAD for Engram (gate 0, and a wall for every later n-gram, kept in the
+// sequence's Engram history). Only Model::forward takes them so far: the runtime (sessions, the
+// prefix cache, replay) does not carry images, and engram_history() rebuilds from token ids alone.
+struct SpanEmbeddings {
+  std::vector<uint8_t> mask;  // [count]: 1 at a span position
+  std::vector<float> rows;    // [span positions, dim]
+};
+
 struct ForwardOptions {
   IndexKeysMode index_keys = IndexKeysMode::Owner;
   TopkTies topk_ties = TopkTies::LowerIndexFirst;  // kernels/op_types.h
@@ -37,6 +48,7 @@ struct ForwardOptions {
   bool dspark_taps = false;             // the drafter's inputs (ForwardResult::dspark_taps)
   // Teacher forcing (forward_context.h), exact mode only: checks against another implementation.
   std::shared_ptr<const TeacherForcing> teacher;
+  std::shared_ptr<const SpanEmbeddings> spans;  // image spans in this call, if any
 };
 
 struct ForwardResult {

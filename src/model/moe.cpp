@@ -1,6 +1,9 @@
 #include "model/moe.h"
 
+#include <string>
 #include <vector>
+
+#include "util/error.h"
 
 namespace dsv41 {
 
@@ -18,7 +21,7 @@ RouterParams router_params(const ModelConfig& c, int layer) {
 }
 
 void moe_forward(const Backend& be, const ModelConfig& c, int layer, const MoeWeights& w, const float* x, int64_t s,
-                 float* out) {
+                 const uint8_t* span, float* out) {
   const int64_t d = c.dim;
   const RouterParams rp = router_params(c, layer);
   const float limit = static_cast<float>(c.swiglu_limit);
@@ -27,7 +30,18 @@ void moe_forward(const Backend& be, const ModelConfig& c, int layer, const MoeWe
   be.linear_f32(x, s, w.gate.view(), logits.data());
   std::vector<int32_t> experts(static_cast<size_t>(s * rp.k));
   std::vector<float> weights(static_cast<size_t>(s * rp.k));
-  be.moe_route(logits.data(), s, rp, w.gate_bias.data(), experts.data(), weights.data());
+  // the selection bias: bias_vl for image-span tokens, bias for text (vision-spec §6.3), one route call
+  // per run of tokens of one kind
+  for (int64_t t0 = 0; t0 < s;) {
+    const bool image = span != nullptr && span[t0] != 0;
+    int64_t t1 = t0 + 1;
+    while (t1 < s && (span != nullptr && span[t1] != 0) == image) ++t1;
+    if (image && w.gate_bias_vl.empty())
+      fail("image span", "the checkpoint has no ffn.gate.bias_vl for layer " + std::to_string(layer));
+    be.moe_route(&logits[t0 * rp.experts], t1 - t0, rp, image ? w.gate_bias_vl.data() : w.gate_bias.data(),
+                 &experts[t0 * rp.k], &weights[t0 * rp.k]);
+    t0 = t1;
+  }
   // dispatch: each expert's tokens in one batch, experts in ascending order
   const MoeDispatch dispatch = be.moe_dispatch(experts.data(), weights.data(), s, rp.k, rp.experts);
   std::vector<float> routed(static_cast<size_t>(dispatch.entries() * d)), xs;

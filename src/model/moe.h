@@ -15,8 +15,9 @@ namespace dsv41 {
 // The router's settings for `layer` (DSpark blocks have their own expert count).
 RouterParams router_params(const ModelConfig& config, int layer);
 
-// x: [count, dim] (ffn_norm output, bf16 values); out: [count, dim] bf16 values.
+// x: [count, dim] (ffn_norm output, bf16 values); out: [count, dim] bf16 values. span: [count], 1 at
+// an image-span token (its experts are selected with bias_vl), or null for none.
 void moe_forward(const Backend& be, const ModelConfig& config, int layer, const MoeWeights& w, const float* x,
-                 int64_t count, float* out);
+                 int64_t count, const uint8_t* span, float* out);
 
 }  // namespace dsv41

@@ -38,6 +38,12 @@ class Binder {
     std::memcpy(out.bits.data(), t.data, t.nbytes());
     return out;
   }
+  bool has(const std::string& name) const { return ckpt_.find(name) != nullptr; }
+  // An optional tensor: checked against the dtype and length the config implies before it is read.
+  std::vector<float> f32(const std::string& name, int64_t n) const {
+    ckpt_.expect(name, DType::F32, {n});
+    return f32(name);
+  }
   std::vector<float> f32(const std::string& name) const {
     const TensorView& t = ckpt_.get(name);
     std::vector<float> out(static_cast<size_t>(t.numel()));
@@ -112,6 +118,7 @@ void bind_block(const Binder& b, const ModelConfig& c, const LayerRole& r, const
   const std::string fp = p + "ffn.";
   f.gate = b.bf16(fp + "gate.weight");
   f.gate_bias = b.f32(fp + "gate.bias");
+  if (b.has(fp + "gate.bias_vl")) f.gate_bias_vl = b.f32(fp + "gate.bias_vl", c.routed_experts(r.layer));
   f.shared = {b.fp8(fp + "shared_experts.w1"), b.fp8(fp + "shared_experts.w2"), b.fp8(fp + "shared_experts.w3")};
   for (int e = 0; e < c.routed_experts(r.layer); ++e) {
     const std::string ep = fp + "experts." + std::to_string(e) + ".";

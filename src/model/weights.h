@@ -46,6 +46,8 @@ struct AttentionWeights {
 struct MoeWeights {
   Bf16Tensor gate;
   std::vector<float> gate_bias;
+  // The selection bias of image-span tokens (vision-spec §6.3); empty in a text-only checkpoint.
+  std::vector<float> gate_bias_vl;
   ExpertMatrices<Fp8Matrix> shared;
   std::vector<ExpertMatrices<Fp4Matrix>> experts;
 };

@@ -149,6 +149,11 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
                                 std::to_string(positions * d));
       // a replay rebuilds windows from token ids alone, which do not carry an image
       if (opt.replay) fail("image spans", "cannot be replayed");
+      for (int layer = 0; layer < c.n_layers && positions > 0; ++layer) {  // refused before any state moves
+        if (weights_->layers[layer].ffn.gate_bias_vl.empty())
+          fail("image spans", "the checkpoint has no layers." + std::to_string(layer) +
+                                  ".ffn.gate.bias_vl to route image tokens with");
+      }
     }
     if (opt.teacher) {
       if (opt.tail_start >= 0) fail("forward", "teacher forcing needs exact mode (no tail_start)");

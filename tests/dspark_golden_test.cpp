@@ -1,5 +1,6 @@
-// The DSpark drafter against the official reference's forward_spec on tiny-dense (golden README): at
-// each greedy step the drafter's block logits (Markov bias included), drafted ids and confidence.
+// The DSpark drafter against the official reference's forward_spec on tiny-dense and tiny-sparse
+// (golden README): at each greedy step the drafter's block logits (Markov bias included), drafted ids
+// and confidence.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,11 +22,16 @@ using test::read_array;  // golden_util.h: it also names a file it cannot open
 ForwardOptions with_taps() {
   ForwardOptions o;
   o.dspark_taps = true;
+  o.topk_ties = TopkTies::Torch;
   return o;
 }
 
-TEST(GoldenDspark, DrafterMatchesTheReferenceAtEveryGreedyStep) {
-  const std::string dir = test::golden_dir("tiny-dense");
+class GoldenDspark : public ::testing::TestWithParam<std::string> {};
+
+// Both sets: on tiny-sparse the target's forwards pick the reference's rows among tied index scores
+// (TopkTies::Torch), so the drafter's taps are the reference's there too.
+TEST_P(GoldenDspark, DrafterMatchesTheReferenceAtEveryGreedyStep) {
+  const std::string dir = test::golden_dir(GetParam());
   std::ifstream in(dir + "/golden.json");
   const nlohmann::json meta = nlohmann::json::parse(in);
   const std::vector<int32_t> ids = meta["input_ids"];
@@ -64,8 +70,9 @@ TEST(GoldenDspark, DrafterMatchesTheReferenceAtEveryGreedyStep) {
     }
   }
   const double rel = std::sqrt(num / den);
-  std::printf("[golden] DSpark: rel L2 of block logits %.2e, argmax %d/%d, drafted ids %d/%d, max |confidence diff| %.2e\n",
-              rel, same_argmax, total_ids, same_ids, total_ids, conf_err);
+  std::printf("[golden] %s DSpark: rel L2 of block logits %.2e, argmax %d/%d, drafted ids %d/%d, max |confidence diff| "
+              "%.2e\n",
+              GetParam().c_str(), rel, same_argmax, total_ids, same_ids, total_ids, conf_err);
   // The drafter sees the target only through its taps, the tapped layers' input streams, which are
   // bit-identical to the reference's (golden_blocks_test.cpp); its own arithmetic is the reference's
   // too, so every logit, drafted id and confidence is the reference's, bit for bit. (A semantic error
@@ -75,6 +82,11 @@ TEST(GoldenDspark, DrafterMatchesTheReferenceAtEveryGreedyStep) {
   EXPECT_EQ(same_ids, total_ids);
   EXPECT_EQ(conf_err, 0.0);
 }
+
+std::string set_name(const ::testing::TestParamInfo<std::string>& set) {
+  return set.param == "tiny-dense" ? "TinyDense" : "TinySparse";
+}
+INSTANTIATE_TEST_SUITE_P(Reference, GoldenDspark, ::testing::Values("tiny-dense", "tiny-sparse"), set_name);
 
 // The same first draft with the rings seeded from the reference's own streams (the golden block
 // outputs give the tapped layers' inputs at every prompt position): the drafter's remaining error.

@@ -90,11 +90,12 @@ TEST_P(GoldenVisionText, PrefillAndBlocksAreTheReferences) {
   const std::vector<float> blocks = golden(p, "block_outputs");
   ASSERT_EQ(r.block_outputs.size(), blocks.size());
   const size_t per_layer = blocks.size() / static_cast<size_t>(model_->config().n_layers);
+  const size_t position_values = static_cast<size_t>(model_->config().hc_mult * model_->config().dim);
   for (int layer = 0; layer < model_->config().n_layers; ++layer) {
     int64_t differ = 0, first = -1;
     for (size_t i = layer * per_layer; i < (layer + 1) * per_layer; ++i) {
       if (r.block_outputs[i] == blocks[i]) continue;
-      if (differ++ == 0) first = static_cast<int64_t>((i - layer * per_layer) / (4 * 256));
+      if (differ++ == 0) first = static_cast<int64_t>((i - layer * per_layer) / position_values);
     }
     std::printf("[golden] %s block %d: %lld of %zu values differ (first at position %lld)\n", GetParam().c_str(), layer,
                 static_cast<long long>(differ), per_layer, static_cast<long long>(first));

@@ -1,9 +1,9 @@
 // exp, sigmoid, SiLU, log1p and softplus as the reference computes them: torch on CPU, whose
 // vectorised kernels call Sleef's 1-ulp functions (Sleef_expf8_u10 and log1pf8_u10, the AVX2 build
-// with fused multiply-adds), not correctly rounded ones. The exps disagree on about 9% of fp32
-// inputs in [-30, 30], and one such ulp is enough to move a bf16 rounding downstream: in the mHC
-// Sinkhorn's softmax it was the last source of differing values in the teacher-forced golden blocks
-// (docs/agreement.md).
+// with fused multiply-adds), not correctly rounded ones. The exps differ at 9.4% of points in
+// [-30, 30] (tests/torch_math_expected.h), and one such ulp is enough to move a bf16 rounding
+// downstream: in the mHC Sinkhorn's softmax it was the last source of differing values in the
+// teacher-forced golden blocks (docs/agreement.md).
 //
 // Sleef's algorithm, step by step (every `fma` one fused multiply-add, every other op one fp32
 // rounding, as its vector code does):

@@ -47,9 +47,9 @@ std::vector<int64_t> EngramHasher::row_ids(int slot, const std::vector<int64_t>&
     for (int sh = 0; sh < max_ngram_; ++sh) {
       const int64_t at = i - sh;  // index into the call; negative reaches into `recent`
       blocked = blocked || (at < 0 && before + at < 0);
-      if (!blocked) blocked = (at >= 0 ? compressed[at] : recent[before + at]) == kEngramDead;
-      const int64_t tok = blocked ? pad_ : at >= 0 ? compressed[at] : recent[before + at];
-      prod[sh] = tok * L.multipliers[sh];
+      const int64_t id = blocked ? pad_ : at >= 0 ? compressed[at] : recent[before + at];
+      blocked = blocked || id == kEngramDead;
+      prod[sh] = (blocked ? pad_ : id) * L.multipliers[sh];
     }
     int64_t rolling = prod[0];
     for (int g = 1; g < max_ngram_; ++g) {  // the (g+1)-gram: XOR in one more look-back

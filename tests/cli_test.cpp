@@ -7,8 +7,10 @@
 #include <cmath>
 #include <algorithm>
 #include <array>
+#include <map>
 #include <nlohmann/json.hpp>
 
+#include "kernels/backend.h"
 #include "kernels/cpu_features.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
@@ -462,8 +464,9 @@ TEST(CliBench, AllScenariosReportAgainstTheMeasuredLimits) {
 }
 
 // The peaks are the hardware's, one per unit the CPU has, and consistent with themselves: all cores
-// at least one core, at most cores × one core; the GEMM rows are the kernels' measured rates over
-// the best of them, at the released shapes, and never above it.
+// at least one core, at most cores × one core; the GEMM rows are the kernels' measured rates at the
+// released shapes, at every SIMD level the machine runs, over the best peak and over the peak of the
+// unit each level computes on, and never above either.
 TEST(CliBench, GemmIsReportedAgainstTheRegisterOnlyPeaks) {
   auto r = test::run_dsv41("bench -m " + test::tiny_model_dir() + " --scenario gemm --gemm-rows 1,16 --json");
   ASSERT_EQ(r.status, 0) << r.out;
@@ -491,19 +494,31 @@ TEST(CliBench, GemmIsReportedAgainstTheRegisterOnlyPeaks) {
   EXPECT_EQ(machine["peak_gflops"].get<double>(), best);
   EXPECT_EQ(machine["peak_unit"], best_unit);
 
+  // every SIMD level the machine runs, the engine's own first, then the others lowest first
+  std::vector<std::string> levels{isa_name(default_isa())};
+  for (const Isa l : available_backend_levels()) {
+    if (l != Isa::scalar && l != default_isa()) levels.push_back(isa_name(l));
+  }
   const auto& gemm = j["gemm"];
-  ASSERT_EQ(gemm.size(), 6u);  // three released shapes × two row counts
+  ASSERT_EQ(gemm.size(), 6u * levels.size());  // three released shapes × two row counts per level
   const std::pair<std::string, std::array<int64_t, 2>> shapes[] = {
       {"linear_fp8", {2304, 5120}}, {"linear_fp4", {2304, 5120}}, {"linear_fp4", {5120, 2304}}};
+  const std::map<std::string, std::string> unit_of = {
+      {"avx2", "avx2_fp32_fma"}, {"avx512", "avx512_fp32_fma"}, {"avx512_bf16", "avx512_bf16"}};
   for (size_t i = 0; i < gemm.size(); ++i) {
     const auto& g = gemm[i];
-    EXPECT_EQ(g["kernel"], shapes[i / 2].first);
-    EXPECT_EQ(g["n"], shapes[i / 2].second[0]);
-    EXPECT_EQ(g["k"], shapes[i / 2].second[1]);
+    EXPECT_EQ(g["level"], levels[i / 6]) << g;
+    EXPECT_EQ(g["kernel"], shapes[(i % 6) / 2].first);
+    EXPECT_EQ(g["n"], shapes[(i % 6) / 2].second[0]);
+    EXPECT_EQ(g["k"], shapes[(i % 6) / 2].second[1]);
     EXPECT_EQ(g["m"], i % 2 == 0 ? 1 : 16);
     EXPECT_GT(g["gflops"].get<double>(), 0) << g;
     EXPECT_DOUBLE_EQ(g["efficiency"].get<double>(), g["gflops"].get<double>() / best) << g;
     EXPECT_LT(g["efficiency"].get<double>(), 1.1) << "a kernel above the register-only peak means a miscounted peak: " << g;
+    const std::string unit = unit_of.at(g["level"].get<std::string>());
+    ASSERT_EQ(g["unit"], unit) << g;
+    EXPECT_DOUBLE_EQ(g["unit_efficiency"].get<double>(), g["gflops"].get<double>() / peaks[unit].get<double>()) << g;
+    EXPECT_LT(g["unit_efficiency"].get<double>(), 1.1) << "above the peak of the unit it computes on: " << g;
   }
   auto bad = test::run_dsv41("bench -m " + test::tiny_model_dir() + " --scenario gemm --gemm-rows 16,x");
   EXPECT_NE(bad.status, 0);

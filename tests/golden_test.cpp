@@ -10,8 +10,10 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "golden_util.h"
+#include "kernels/backend.h"
 #include "model/model.h"
 #include "test_util.h"
 
@@ -36,14 +38,18 @@ void expect_agreement(const Agreement& g, int64_t differing_rows, const std::str
   EXPECT_GE(g.argmax, static_cast<double>(g.rows - differing_rows) / static_cast<double>(g.rows) - 1e-9) << what;
 }
 
-// One golden set's model, loaded once per test.
-class GoldenSet : public ::testing::TestWithParam<std::string> {
+// One golden set's model at one kernel level, loaded once per test: every level the machine runs
+// gives the reference's bits (each level's ops give the scalar references' bits, ops_test.cpp).
+class GoldenSet : public ::testing::TestWithParam<std::tuple<std::string, Isa>> {
  protected:
   void SetUp() override {
-    g_ = std::make_unique<Golden>(GetParam());
-    model_ = load_model(g_->dir);
+    g_ = std::make_unique<Golden>(set());
+    ModelOptions o;
+    o.backend = make_backend({std::get<1>(GetParam()), 2, true});
+    model_ = load_model(g_->dir, o);
     vocab_ = model_->config().vocab_size;
   }
+  std::string set() const { return std::get<0>(GetParam()); }
   SequenceState fresh() const { return model_->new_sequence(test::pools_for(*model_)); }
   // The reference's choice among tied index scores, as every forward here uses.
   static ForwardOptions reference_ties() {
@@ -65,7 +71,7 @@ class GoldenSet : public ::testing::TestWithParam<std::string> {
     }
     return out;
   }
-  std::string what(const std::string& s) const { return GetParam() + " " + s; }
+  std::string what(const std::string& s) const { return set() + " " + isa_name(model_->backend().level()) + " " + s; }
 
   std::unique_ptr<Golden> g_;
   std::unique_ptr<Model> model_;
@@ -97,7 +103,7 @@ TEST_P(GoldenSet, BlockOutputsAreTheReferencesStream) {
       num += d * d;
       den += static_cast<double>(ref[i]) * ref[i];
     }
-    std::printf("[golden] %s block %d output: rel L2 %.2e\n", GetParam().c_str(), layer, std::sqrt(num / den));
+    std::printf("[golden] %s block %d output: rel L2 %.2e\n", what("").c_str(), layer, std::sqrt(num / den));
     EXPECT_EQ(num, 0.0) << "the residual stream first departs from the reference's after block " << layer
                         << " (rel L2 " << std::sqrt(num / den) << ")";
   }
@@ -141,7 +147,7 @@ TEST_P(GoldenSet, DecodeAfterPrefill) {
     }
   }
   std::printf("[golden] %s decode rows: %d of %d equal the reference's decode rows, %d its prefill rows\n",
-              GetParam().c_str(), as_decode, rows, as_prefill);
+              what("").c_str(), as_decode, rows, as_prefill);
   EXPECT_LE(as_prefill, 1);
   expect_agreement(compare_rows(ours, ref_decode, vocab_), as_prefill, what("decode rows"));
 }
@@ -158,7 +164,7 @@ TEST_P(GoldenSet, GreedyTokens) {
     same += std::max_element(r.logits.begin(), r.logits.end()) - r.logits.begin() == want[k];
     r = model_->forward(st, {want[k]}, reference_ties());  // teacher-forced, as the goldens' greedy run
   }
-  std::printf("[golden] %s greedy tokens: %d of %zu equal\n", GetParam().c_str(), same, want.size());
+  std::printf("[golden] %s greedy tokens: %d of %zu equal\n", what("").c_str(), same, want.size());
   EXPECT_EQ(same, static_cast<int>(want.size()));
   // measured: every row identical on tiny-dense; on tiny-sparse 24 of 25, the other within 5e-7 (one
   // fp32 ulp of its largest logit): the reference's one-token scalar path again (DecodeAfterPrefill)
@@ -167,10 +173,13 @@ TEST_P(GoldenSet, GreedyTokens) {
   EXPECT_LE(a.worst_max_abs, 1e-6) << what("greedy rows");
 }
 
-std::string set_name(const ::testing::TestParamInfo<std::string>& set) {
-  return set.param == "tiny-dense" ? "TinyDense" : "TinySparse";
+std::string set_name(const ::testing::TestParamInfo<std::tuple<std::string, Isa>>& p) {
+  return std::string(std::get<0>(p.param) == "tiny-dense" ? "TinyDense_" : "TinySparse_") + isa_name(std::get<1>(p.param));
 }
-INSTANTIATE_TEST_SUITE_P(Reference, GoldenSet, ::testing::Values("tiny-dense", "tiny-sparse"), set_name);
+INSTANTIATE_TEST_SUITE_P(Reference, GoldenSet,
+                         ::testing::Combine(::testing::Values("tiny-dense", "tiny-sparse"),
+                                            ::testing::ValuesIn(available_backend_levels())),
+                         set_name);
 
 // The two index-key modes on tiny-sparse's decode rows (model-spec §7 item 11): each of our modes
 // equals the golden rows made in the same mode, and differs from those made in the other.

@@ -1,4 +1,4 @@
-// The fast linear layers and sparse attention (AVX2 / AVX-512, multithreaded) against the scalar
+// The fast linear layers and sparse attention (AVX2 / AVX-512 / AVX-512-BF16, multithreaded) against the scalar
 // references, bit for bit, at every kernel level this machine runs and several thread counts, on
 // inputs aimed at their weak spots; plus the packed weight layout, the backend's options and the
 // CPU feature detection they rest on. (tests/ops_test.cpp runs every op on the model's shapes.)
@@ -473,7 +473,7 @@ TEST(Backends, LevelsAreListedLowestFirstAndTheMachineRunsTheAvailableOnes) {
 
 TEST(Backends, OptionsAreTheirs) {
   const std::unique_ptr<Backend> def = make_backend();
-  EXPECT_EQ(def->level(), detected_isa());
+  EXPECT_EQ(def->level(), default_isa());
   EXPECT_EQ(def->threads(), ThreadPool::hardware_threads());
   const std::unique_ptr<Backend> b = make_backend({Isa::scalar, 3, true});
   EXPECT_EQ(b->level(), Isa::scalar);
@@ -524,13 +524,25 @@ TEST(CpuFeatures, NamesAndLevels) {
   EXPECT_STREQ(isa_name(Isa::scalar), "scalar");
   EXPECT_STREQ(isa_name(Isa::avx2), "avx2");
   EXPECT_STREQ(isa_name(Isa::avx512), "avx512");
+  EXPECT_STREQ(isa_name(Isa::avx512_bf16), "avx512_bf16");
   const CpuFeatures& f = cpu_features();
   EXPECT_TRUE(!f.avx512 || f.avx2) << "AVX-512 level implies the AVX2 level";
   EXPECT_TRUE(!f.avx512_bf16 || f.avx512);
+  EXPECT_TRUE(!f.bf16_dot_in_order || f.avx512_bf16);
+  EXPECT_EQ(detected_isa() == Isa::avx512_bf16, f.avx512_bf16 && f.bf16_dot_in_order)
+      << "the AVX-512-BF16 level runs where vdpbf16ps exists and rounds in order";
   EXPECT_TRUE(isa_supported(Isa::scalar));
   EXPECT_TRUE(isa_supported(detected_isa()));
-  std::printf("[simd] detected %s (avx512_bf16 %s)\n", isa_name(detected_isa()), f.avx512_bf16 ? "yes" : "no");
-  for (const Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) EXPECT_EQ(parse_isa(isa_name(isa), "level"), isa);
+  EXPECT_EQ(f.bf16_dot_over_fma > 0, f.avx512_bf16) << "timed exactly where the unit exists";
+  const bool dot_pays = detected_isa() == Isa::avx512_bf16 && f.bf16_dot_over_fma >= 1.0;
+  EXPECT_EQ(default_isa(), detected_isa() == Isa::avx512_bf16 && !dot_pays ? Isa::avx512 : detected_isa())
+      << "the default is the best level, unless that is a BF16 dot slower than the FMA";
+  std::printf("[simd] detected %s, default %s (avx512_bf16 %s, rounding in order %s, dot/FMA FLOP rate %.2f)\n",
+              isa_name(detected_isa()), isa_name(default_isa()), f.avx512_bf16 ? "yes" : "no",
+              f.bf16_dot_in_order ? "yes" : "no", f.bf16_dot_over_fma);
+  for (const Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_bf16}) {
+    EXPECT_EQ(parse_isa(isa_name(isa), "level"), isa);
+  }
   EXPECT_THROW(parse_isa("sse", "DSV41_ISA"), Error);
 }
 

@@ -204,10 +204,28 @@ nlohmann::json bench_cold_prefill(const std::string& dir, const std::shared_ptr<
   return out;
 }
 
+// The unit a level's GEMM path runs on (machine_peaks.h's names).
+const char* gemm_unit(Isa level) {
+  switch (level) {
+    case Isa::avx512_bf16:
+      return "avx512_bf16";
+    case Isa::avx512:
+      return "avx512_fp32_fma";
+    case Isa::avx2:
+      return "avx2_fp32_fma";
+    case Isa::scalar:
+      break;
+  }
+  return "";
+}
+
 // The project's own GEMM kernels at the released checkpoint's shapes (hidden_size 5120,
 // moe_intermediate_size 2304): the shared expert's FP8 up projection and the routed experts' FP4 up
-// and down projections, each at several row counts, against the best unit's peak.
-nlohmann::json bench_gemm(const Backend& backend, const std::vector<int64_t>& rows, const Limits& lim) {
+// and down projections, each at several row counts, against the best unit's peak and against the
+// peak of the unit the level computes on. Every SIMD level the machine runs is measured in the same
+// run (the engine's own level first), so a level's gain is a ratio of one run.
+nlohmann::json bench_gemm(const Backend& backend, const std::vector<int64_t>& rows, const Limits& lim,
+                          const std::vector<UnitPeak>& peaks) {
   struct Shape {
     const char* kernel;
     const char* weight;
@@ -216,15 +234,35 @@ nlohmann::json bench_gemm(const Backend& backend, const std::vector<int64_t>& ro
   const Shape shapes[] = {{"linear_fp8", "ffn.shared_experts.w1", 5120, 2304},
                           {"linear_fp4", "ffn.experts.w1", 5120, 2304},
                           {"linear_fp4", "ffn.experts.w2", 2304, 5120}};
+  std::vector<std::unique_ptr<Backend>> others;
+  std::vector<const Backend*> levels{&backend};
+  for (const Isa level : available_backend_levels()) {
+    if (level == Isa::scalar || level == backend.level()) continue;
+    others.push_back(make_backend({level, backend.threads(), true}, "bench gemm"));
+    levels.push_back(others.back().get());
+  }
   nlohmann::json out = nlohmann::json::array();
-  for (const Shape& sh : shapes) {
-    for (int64_t m : rows) {
-      const int reps = m >= 256 ? 2 : 5;
-      const double g = std::string(sh.kernel) == "linear_fp8" ? measure_fp8_gemm_gflops(backend, m, sh.k, sh.n, reps)
-                                                             : measure_fp4_gemm_gflops(backend, m, sh.k, sh.n, reps);
-      out.push_back({{"kernel", sh.kernel}, {"weight", sh.weight}, {"m", m}, {"n", sh.n}, {"k", sh.k},
-                     {"gflops", g}, {"efficiency", g / lim.peak_gflops}});
-      std::fprintf(stderr, "  %s %s m=%lld: %.1f GFLOP/s\n", sh.kernel, sh.weight, static_cast<long long>(m), g);
+  for (const Backend* b : levels) {
+    double unit_peak = 0;
+    for (const UnitPeak& p : peaks) {
+      if (p.unit == gemm_unit(b->level())) unit_peak = p.gflops;
+    }
+    for (const Shape& sh : shapes) {
+      for (int64_t m : rows) {
+        const int reps = m >= 256 ? 2 : 5;
+        const double g = std::string(sh.kernel) == "linear_fp8" ? measure_fp8_gemm_gflops(*b, m, sh.k, sh.n, reps)
+                                                               : measure_fp4_gemm_gflops(*b, m, sh.k, sh.n, reps);
+        nlohmann::json row = {{"kernel", sh.kernel}, {"weight", sh.weight}, {"level", b->name()},
+                              {"m", m},           {"n", sh.n},           {"k", sh.k},
+                              {"gflops", g},      {"efficiency", g / lim.peak_gflops}};
+        if (unit_peak > 0) {
+          row["unit"] = gemm_unit(b->level());
+          row["unit_efficiency"] = g / unit_peak;
+        }
+        out.push_back(row);
+        std::fprintf(stderr, "  %s %s %s m=%lld: %.1f GFLOP/s\n", b->name(), sh.kernel, sh.weight,
+                     static_cast<long long>(m), g);
+      }
     }
   }
   return out;
@@ -440,7 +478,7 @@ int run_bench(int argc, char** argv) {
   for (const std::string& name : names) {
     std::fprintf(stderr, "%s...\n", name.c_str());
     if (name == "gemm") {
-      report["gemm"] = bench_gemm(*backend, gemm_rows, lim);
+      report["gemm"] = bench_gemm(*backend, gemm_rows, lim, peaks);
     } else if (name == "engram") {
       report["engram"] = bench_engram(dir, steps > 0 ? steps : 2000, io_threads);
     } else if (name == "decode") {
@@ -467,12 +505,14 @@ int run_bench(int argc, char** argv) {
   for (const UnitPeak& p : peaks) std::printf(" %s %.1f / %.1f", p.unit.c_str(), p.gflops, p.gflops_per_core);
   std::printf("\n");
   if (report.contains("gemm")) {
-    std::printf("gemm (released shapes)\n  %-11s %-22s %6s %6s %6s %10s %8s\n", "kernel", "weight", "m", "n", "k", "GFLOP/s", "of peak");
+    std::printf("gemm (released shapes)\n  %-12s %-11s %-22s %6s %6s %6s %10s %8s %8s\n", "level", "kernel", "weight", "m",
+                "n", "k", "GFLOP/s", "of peak", "of unit");
     for (const auto& r : report["gemm"]) {
-      std::printf("  %-11s %-22s %6lld %6lld %6lld %10.1f %7.1f%%\n", r["kernel"].get<std::string>().c_str(),
-                  r["weight"].get<std::string>().c_str(), static_cast<long long>(r["m"].get<int64_t>()),
-                  static_cast<long long>(r["n"].get<int64_t>()), static_cast<long long>(r["k"].get<int64_t>()),
-                  r["gflops"].get<double>(), 100 * r["efficiency"].get<double>());
+      std::printf("  %-12s %-11s %-22s %6lld %6lld %6lld %10.1f %7.1f%% %7.1f%%\n", r["level"].get<std::string>().c_str(),
+                  r["kernel"].get<std::string>().c_str(), r["weight"].get<std::string>().c_str(),
+                  static_cast<long long>(r["m"].get<int64_t>()), static_cast<long long>(r["n"].get<int64_t>()),
+                  static_cast<long long>(r["k"].get<int64_t>()), r["gflops"].get<double>(),
+                  100 * r["efficiency"].get<double>(), 100 * r.value("unit_efficiency", 0.0));
     }
   }
   if (report.contains("decode")) {

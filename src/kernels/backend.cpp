@@ -220,6 +220,14 @@ constexpr SimdOps kAvx512{32,
                           detail::mhc_step_avx512,
                           detail::dequantize_fp8_blocks_avx512};
 
+// The AVX-512 level with the FP8 and FP4 GEMMs on vdpbf16ps.
+constexpr SimdOps kAvx512Bf16 = [] {
+  SimdOps ops = kAvx512;
+  ops.linear_fp8 = detail::linear_fp8_avx512_bf16;
+  ops.linear_fp4 = detail::linear_fp4_avx512_bf16;
+  return ops;
+}();
+
 class SimdBackend final : public Backend {
  public:
   SimdBackend(Isa level, const SimdOps& ops, const BackendOptions& o) : Backend(level, o, ops.tile_rows), ops_(ops) {}
@@ -292,6 +300,10 @@ const Level kLevels[] = {
      [](const BackendOptions& o) -> std::unique_ptr<Backend> {
        return std::make_unique<SimdBackend>(Isa::avx512, kAvx512, o);
      }},
+    {Isa::avx512_bf16,
+     [](const BackendOptions& o) -> std::unique_ptr<Backend> {
+       return std::make_unique<SimdBackend>(Isa::avx512_bf16, kAvx512Bf16, o);
+     }},
 };
 
 }  // namespace
@@ -311,7 +323,7 @@ std::vector<Isa> available_backend_levels() {
 }
 
 std::unique_ptr<Backend> make_backend(const BackendOptions& options, const std::string& what) {
-  const Isa level = options.level.value_or(detected_isa());
+  const Isa level = options.level.value_or(default_isa());
   if (!isa_supported(level)) {
     fail(what, std::string("kernel level ") + isa_name(level) + " does not run on this machine (it runs up to " +
                    isa_name(detected_isa()) + ")");

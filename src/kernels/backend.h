@@ -27,7 +27,7 @@
 namespace dsv41 {
 
 struct BackendOptions {
-  std::optional<Isa> level;  // default: the best level this machine runs
+  std::optional<Isa> level;  // default: default_isa(), the fastest level this machine runs
   int threads = 0;           // 0: one per hardware thread
   // Re-lay the weight matrices at load for the SIMD kernels (packed_weights.h): twice the decode
   // speed, at the cost of load time and of a second copy of the weights while they load.

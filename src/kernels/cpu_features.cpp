@@ -1,6 +1,7 @@
 // cpuid + xgetbv feature detection (Intel SDM vol. 2A "CPUID", vol. 1 §13 "XSAVE-enabled features").
 #include "kernels/cpu_features.h"
 
+#include "kernels/linear_internal.h"
 #include "util/error.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -54,12 +55,15 @@ CpuFeatures detect() {
   f.avx2 = os_ymm && avx2 && fma && f16c;
   f.avx512 = f.avx2 && os_zmm && avx512f && avx512dq && avx512bw && avx512vl;
   f.avx512_bf16 = f.avx512 && bf16;
+  f.bf16_dot_in_order = f.avx512_bf16 && detail::bf16_dot_rounds_in_order();
+  if (f.avx512_bf16) f.bf16_dot_over_fma = detail::bf16_dot_over_fma_rate();
   f.amx_bf16 = os_tiles && amx_tile && amx_bf16;
 #endif
   return f;
 }
 
 Isa best(const CpuFeatures& f) {
+  if (f.avx512_bf16 && f.bf16_dot_in_order) return Isa::avx512_bf16;
   if (f.avx512) return Isa::avx512;
   if (f.avx2) return Isa::avx2;
   return Isa::scalar;
@@ -86,10 +90,17 @@ bool request_amx_permission() {
 
 Isa detected_isa() { return best(cpu_features()); }
 
+Isa default_isa() {
+  const Isa top = detected_isa();
+  return top == Isa::avx512_bf16 && cpu_features().bf16_dot_over_fma < 1.0 ? Isa::avx512 : top;
+}
+
 bool isa_supported(Isa isa) { return static_cast<int>(isa) <= static_cast<int>(detected_isa()); }
 
 const char* isa_name(Isa isa) {
   switch (isa) {
+    case Isa::avx512_bf16:
+      return "avx512_bf16";
     case Isa::avx512:
       return "avx512";
     case Isa::avx2:
@@ -101,10 +112,10 @@ const char* isa_name(Isa isa) {
 }
 
 Isa parse_isa(const std::string& name, const std::string& where) {
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_bf16}) {
     if (name == isa_name(isa)) return isa;
   }
-  fail(where, "must be scalar, avx2 or avx512, got \"" + name + "\"");
+  fail(where, "must be scalar, avx2, avx512 or avx512_bf16, got \"" + name + "\"");
 }
 
 }  // namespace dsv41

@@ -7,12 +7,20 @@
 
 namespace dsv41 {
 
-enum class Isa { scalar = 0, avx2 = 1, avx512 = 2 };
+// Each level includes the ones below it.
+enum class Isa { scalar = 0, avx2 = 1, avx512 = 2, avx512_bf16 = 3 };
 
 struct CpuFeatures {
   bool avx2 = false;         // AVX2 + FMA + F16C, with the OS saving ymm state
   bool avx512 = false;       // AVX-512 F/BW/VL/DQ, with the OS saving zmm and opmask state
-  bool avx512_bf16 = false;  // AVX-512 + vdpbf16ps; measured by bench, no kernel depends on it yet
+  bool avx512_bf16 = false;  // AVX-512 + vdpbf16ps
+  // vdpbf16ps rounds each of a lane's two products into the accumulator in turn, the upper first
+  // (Intel's definition; probed, since the level's exactness rests on it)
+  bool bf16_dot_in_order = false;
+  // vdpbf16ps's FLOP rate over vfmadd's, both zmm (timed once, a few milliseconds): 2 where the dot
+  // unit runs as many instructions as the FMA, 0.5 on Sapphire-Rapids-class Xeons, where it issues
+  // at a quarter of their rate. 0 without AVX-512-BF16.
+  double bf16_dot_over_fma = 0;
   bool amx_bf16 = false;     // AMX tiles + tdpbf16ps, with the OS able to save tile state (XCR0)
 };
 
@@ -20,6 +28,10 @@ struct CpuFeatures {
 const CpuFeatures& cpu_features();
 // The best level the machine supports.
 Isa detected_isa();
+// The level a backend gets when none is asked for: the best supported one, except that AVX-512-BF16
+// gives way to AVX-512 where its dot unit computes less than the FMA (bf16_dot_over_fma < 1). Every
+// level gives the same bits, so this choice is about speed alone.
+Isa default_isa();
 // Asks Linux for permission to use AMX tile data in this process (arch_prctl ARCH_REQ_XCOMP_PERM):
 // without it the first tile instruction faults. False when the CPU, the OS or the kernel refuses.
 // The permission is the kernel's per-process state; asking again is harmless.
@@ -27,7 +39,7 @@ bool request_amx_permission();
 // True when `isa` can run here.
 bool isa_supported(Isa isa);
 
-// "scalar", "avx2" or "avx512".
+// "scalar", "avx2", "avx512" or "avx512_bf16".
 const char* isa_name(Isa isa);
 // The level of that name; an Error naming `where` for any other.
 Isa parse_isa(const std::string& name, const std::string& where);

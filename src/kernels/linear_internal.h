@@ -53,6 +53,16 @@ void linear_fp8_avx512(const Exec& ex, const float* x, int64_t m, const Fp8Matri
 void linear_fp4_avx512(const Exec& ex, const float* x, int64_t m, const Fp4Matrix& w, float* y);
 void linear_bf16_avx512(const Exec& ex, const float* x, int64_t m, const Bf16Matrix& w, float* y);
 void linear_f32_avx512(const Exec& ex, const float* x, int64_t m, const Bf16Matrix& w, float* y);
+// The AVX-512-BF16 level's FP8 and FP4 layers (simd_avx512_bf16.cpp): vdpbf16ps for more than a few
+// rows, the AVX-512 GEMV below that; the same bits.
+void linear_fp8_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Fp8Matrix& w, float* y);
+void linear_fp4_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Fp4Matrix& w, float* y);
+// Whether this CPU's vdpbf16ps rounds as those kernels need (each of a lane's two products added in
+// turn, the upper one first); only to be asked where the CPU has AVX-512-BF16.
+bool bf16_dot_rounds_in_order();
+// vdpbf16ps's FLOP rate over the fp32 FMA's, timed in register-only loops (a few milliseconds); the
+// same proviso.
+double bf16_dot_over_fma_rate();
 
 // sparse_attention: heads split over exec's workers.
 void sparse_attention_avx2(const Exec& ex, const float* q, int64_t heads, int64_t d, const KvRows& rows,

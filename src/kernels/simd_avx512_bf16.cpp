@@ -1,0 +1,333 @@
+// AVX-512-BF16 kernels: the GEMM path (more than V::kGemvRows rows) of the FP8 and FP4 linear layers
+// on vdpbf16ps, two products per fp32 lane and instruction where the AVX-512 level's FMA does one.
+// The level's other ops, and these layers' GEMV path (bandwidth-bound: decode steps), are the
+// AVX-512 level's (backend.cpp).
+//
+// The bits are the reference's, not an approximation of them:
+//  * the decoded weights (e4m3 · 2^-8, or e2m1) and the act_quant'ed activations (e4m3 · 2^8, or
+//    e4m3) have at most 4 significant bits, so they are exact in bf16, and every product a·w (at
+//    most 8 bits) is exact in fp32;
+//  * vdpbf16ps adds a lane's two products to its accumulator one after the other, each addition
+//    rounded to nearest even, the pair's upper (odd) half first (Intel SDM, VDPBF16PS pseudocode).
+//    With k in the upper half and k+1 in the lower, each lane runs (acc + a_k·w_k) + a_k+1·w_k+1:
+//    the reference's own chain (backend.h). A CPU whose instruction rounds otherwise does not get
+//    this level (bf16_dot_rounds_in_order, asked at detection);
+//  * its flush of subnormal inputs and results never fires: every product is a multiple of 2^-18
+//    (smallest weight 2^-17, smallest activation 2^-1; FP4: 2^-1 and 2^-9), so is every partial sum,
+//    and none of them is subnormal.
+// The per-block scaling and the accumulation over blocks are the AVX-512 level's fp32 operations.
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cassert>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/linear_internal.h"
+#include "kernels/reference.h"
+#include "kernels/torch_math.h"
+#include "numeric/formats.h"
+#include "numeric/quant.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+// As simd_avx512.cpp, with vdpbf16ps; it only runs after cpu_features() said so.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c"))), \
+                             apply_to = function)
+#pragma clang fp contract(off)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
+#pragma GCC optimize("fp-contract=off")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace dsv41::detail::avx512_bf16 {
+
+#include "kernels/simd_avx512_ops.h"
+
+#include "kernels/linear_simd_impl.h"
+
+// ---- bf16 pairs ---------------------------------------------------------------------------------
+
+// Lane by lane, the bf16 pair (upper = hi, lower = lo) of two fp32 values exact in bf16: their upper
+// halves.
+inline __m512i pair_bf16(__m512 hi, __m512 lo) {
+  const __m512i upper = _mm512_and_si512(_mm512_castps_si512(hi), _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  return _mm512_or_si512(upper, _mm512_srli_epi32(_mm512_castps_si512(lo), 16));
+}
+
+inline uint32_t pair_bf16(float hi, float lo) {
+  uint32_t h = 0, l = 0;
+  std::memcpy(&h, &hi, 4);
+  std::memcpy(&l, &lo, 4);
+  return (h & 0xFFFF0000u) | (l >> 16);
+}
+
+// acc + a.upper·w.upper, then + a.lower·w.lower, lane by lane.
+inline __m512 dot_pairs(__m512 acc, __m512i a, __m512i w) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)w);
+}
+
+constexpr int64_t kPairs = kQBlock / 2;  // bf16 pairs per K block
+
+// A decoder's sink (linear_simd_impl.h) that stores a block's weights as pairs: k = 2q and 2q+1 of
+// the tile's rows at panel[(b - c0)][q][2][W], in the decoder's lane order.
+struct PairSink {
+  uint32_t* panel;
+  int64_t c0 = 0;
+  uint32_t* base = nullptr;
+  __m512 even0 = _mm512_setzero_ps(), even1 = _mm512_setzero_ps();
+  void begin(int64_t b) { base = panel + (b - c0) * kPairs * kTileRows; }
+  void w(int j, __m512 v0, __m512 v1) {  // j = 0..31 in order
+    if ((j & 1) == 0) {
+      even0 = v0;
+      even1 = v1;
+      return;
+    }
+    uint32_t* p = base + (j / 2) * kTileRows;
+    _mm512_storeu_si512(p, pair_bf16(even0, v0));
+    _mm512_storeu_si512(p + V::W, pair_bf16(even1, v1));
+  }
+  void end(int64_t) {}
+};
+
+// The activations (prescaled act_quant values, exact in bf16) as pairs: [m][k/2].
+std::vector<uint32_t> activation_pairs(const Exec& ex, const QuantizedActivations& a, bool parallel) {
+  std::vector<uint32_t> out(static_cast<size_t>(a.m * (a.k / 2)));
+  const auto rows = [&](int64_t i0, int64_t i1, Scratch&) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float* x = a.row(i);
+      uint32_t* o = out.data() + i * (a.k / 2);
+      for (int64_t p = 0; p < a.k / 2; ++p) o[p] = pair_bf16(x[2 * p], x[2 * p + 1]);
+    }
+  };
+  ex.run(parallel && a.m > 1, a.m, 1, rows);
+  return out;
+}
+
+// ---- the GEMM -------------------------------------------------------------------------------------
+
+// MI activation rows × one tile over the panel's blocks [c0, c1), as linear_simd_impl.h's micro:
+// per block 2·MI partial chains of 16 vdpbf16ps, then the scaled accumulation in fp32.
+template <int MI>
+void micro_pairs(const uint32_t* xp, const float* xs, int64_t i0, int64_t k, const uint32_t* panel, const float* ws,
+                 int64_t c0, int64_t c1, float* acc_buf) {
+  using F = V::F;
+  const int64_t kb = k / kQBlock, kp = k / 2;
+  F acc[MI][2];
+  for (int ii = 0; ii < MI; ++ii) {
+    acc[ii][0] = V::load(acc_buf + (i0 + ii) * kTileRows);
+    acc[ii][1] = V::load(acc_buf + (i0 + ii) * kTileRows + V::W);
+  }
+  for (int64_t b = c0; b < c1; ++b) {
+    const uint32_t* p = panel + (b - c0) * kPairs * kTileRows;
+    F part[MI][2];
+    for (int ii = 0; ii < MI; ++ii) part[ii][0] = part[ii][1] = V::zero();
+    for (int q = 0; q < kPairs; ++q) {
+      const __m512i w0 = _mm512_loadu_si512(p + q * kTileRows), w1 = _mm512_loadu_si512(p + q * kTileRows + V::W);
+      for (int ii = 0; ii < MI; ++ii) {
+        const __m512i av = _mm512_set1_epi32(static_cast<int>(xp[(i0 + ii) * kp + b * kPairs + q]));
+        part[ii][0] = dot_pairs(part[ii][0], av, w0);
+        part[ii][1] = dot_pairs(part[ii][1], av, w1);
+      }
+    }
+    const F s0 = V::load(ws + (2 * b) * V::W), s1 = V::load(ws + (2 * b + 1) * V::W);
+    for (int ii = 0; ii < MI; ++ii) {
+      const F as = V::set1(xs[(i0 + ii) * kb + b]);
+      acc[ii][0] = V::add(acc[ii][0], V::mul(V::mul(part[ii][0], as), s0));
+      acc[ii][1] = V::add(acc[ii][1], V::mul(V::mul(part[ii][1], as), s1));
+    }
+  }
+  for (int ii = 0; ii < MI; ++ii) {
+    V::store(acc_buf + (i0 + ii) * kTileRows, acc[ii][0]);
+    V::store(acc_buf + (i0 + ii) * kTileRows + V::W, acc[ii][1]);
+  }
+}
+
+template <int MI>
+void micro_pairs_rows(const uint32_t* xp, const float* xs, int64_t m, int64_t k, const uint32_t* panel,
+                      const float* ws, int64_t c0, int64_t c1, float* acc_buf) {
+  int64_t i0 = 0;
+  for (; i0 + MI <= m; i0 += MI) micro_pairs<MI>(xp, xs, i0, k, panel, ws, c0, c1, acc_buf);
+  if constexpr (MI > 1) {
+    if (i0 < m) {
+      micro_pairs_rows<MI - 1>(xp + i0 * (k / 2), xs + i0 * (k / kQBlock), m - i0, k, panel, ws, c0, c1,
+                               acc_buf + i0 * kTileRows);
+    }
+  }
+}
+
+// Rows [r0, r1) of y[m, n] (r0 a multiple of 2W), from the checkpoint's layout or the packed tiles.
+template <class Kind>
+void gemm_pairs(const uint32_t* xp, const QuantizedActivations& qa, const typename Kind::Matrix& w, float* y,
+                int64_t r0, int64_t r1, Scratch& s) {
+  const int64_t m = qa.m, kb = w.k / kQBlock;
+  const bool packed = w.packed.tile_rows == kTileRows;
+  float* ws = s.get<float>(ScratchSlot::LinearScales, static_cast<size_t>(kb * kTileRows));
+  uint32_t* panel = s.get<uint32_t>(ScratchSlot::LinearPanel, static_cast<size_t>(kKc * kPairs * kTileRows));
+  float* acc = s.get<float>(ScratchSlot::LinearAcc, static_cast<size_t>(m * kTileRows));
+  const uint8_t* blk[kTileRows];
+  for (int64_t row0 = r0; row0 < r1; row0 += kTileRows) {
+    const int64_t tile = row0 / kTileRows;
+    const int count = static_cast<int>(std::min<int64_t>(kTileRows, r1 - row0));
+    if (packed && packed_nan<Kind>(w, tile)) {
+      tile_scalar<Kind>(qa, w, y, row0, count);
+      continue;
+    }
+    std::optional<Tile<Kind>> rows;  // the checkpoint's layout
+    if (packed) {
+      Kind::packed_scales(w, tile, ws);
+    } else {
+      rows.emplace(w, row0, r1, s);
+      Kind::tile_scales(w, row0, count, ws);
+    }
+    std::fill(acc, acc + m * kTileRows, 0.0f);
+    bool nan = false;
+    for (int64_t c0 = 0; c0 < kb; c0 += kKc) {
+      const int64_t c1 = std::min(kb, c0 + kKc);
+      PairSink sink{panel, c0};
+      for (int64_t b = c0; b < c1; ++b) {
+        if (packed) {
+          Kind::PDec::step(packed_block<Kind>(w, tile, b), b, sink);
+        } else {
+          rows->block(b, blk, s);
+          Kind::Dec::step(blk, b, sink, nan);
+        }
+      }
+      micro_pairs_rows<V::MI>(xp, qa.scales.data(), m, w.k, panel, ws, c0, c1, acc);
+    }
+    if (nan) {
+      tile_scalar<Kind>(qa, w, y, row0, count);
+      continue;
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      const float* a = acc + i * kTileRows;
+      const V::F v0 = finish<Kind>(V::load(a)), v1 = finish<Kind>(V::load(a + V::W));
+      packed ? Kind::PDec::store(y + i * w.n + row0, v0, v1, count) : Kind::Dec::store(y + i * w.n + row0, v0, v1, count);
+    }
+  }
+}
+
+template <class Kind>
+void run_linear_pairs(const Exec& ex, const float* x, int64_t m, const typename Kind::Matrix& w, float* y) {
+  static_assert(Kind::kScaled, "the pair GEMM is for the quantized kinds: their products are exact");
+  if (m <= V::kGemvRows || w.n <= 0) return run_linear<Kind>(ex, x, m, w, y);  // GEMV: bandwidth-bound
+  assert(w.k % kQBlock == 0 && "act_quant needs K in whole blocks of 32");
+  const bool parallel = w.n * w.k >= kParallelMin;
+  const QuantizedActivations qa = quantize_rows(&ex, x, m, w.k, Kind::kPrescale, parallel);
+  const std::vector<uint32_t> xp = activation_pairs(ex, qa, parallel);
+  ex.run(parallel, w.n, kTileRows,
+         [&](int64_t r0, int64_t r1, Scratch& s) { gemm_pairs<Kind>(xp.data(), qa, w, y, r0, r1, s); });
+}
+
+// The rounding of vdpbf16ps on this CPU, against the chain the level relies on: a fixed set of
+// accumulators and e4m3-like pairs where rounding once, or in the other order, gives other bits.
+bool rounds_in_order() {
+  uint32_t state = 12345u;
+  const auto next = [&state] {
+    state = state * 1664525u + 1013904223u;
+    return state >> 8;
+  };
+  for (int t = 0; t < 256; ++t) {
+    float a[2], w[2];
+    for (int h = 0; h < 2; ++h) {
+      a[h] = std::ldexp(static_cast<float>(8 + next() % 8), static_cast<int>(next() % 24) - 12) * (next() % 2 ? -1.0f : 1.0f);
+      w[h] = std::ldexp(static_cast<float>(8 + next() % 8), static_cast<int>(next() % 24) - 12);
+    }
+    const float acc = std::ldexp(static_cast<float>(next() % (1u << 24)), static_cast<int>(next() % 24) - 24);
+    const float want = (acc + a[0] * w[0]) + a[1] * w[1];
+    alignas(64) float got[16];
+    V::store(got, dot_pairs(V::set1(acc), _mm512_set1_epi32(static_cast<int>(pair_bf16(a[0], a[1]))),
+                            _mm512_set1_epi32(static_cast<int>(pair_bf16(w[0], w[1])))));
+    if (std::memcmp(&got[0], &want, 4) != 0) return false;
+  }
+  return true;
+}
+
+// FLOPs per second of vdpbf16ps over those of vfmadd (zmm), each in a register-only loop of 16
+// independent chains, best of a few short runs: whether the pair GEMM can beat the AVX-512 one.
+// (machine_peaks.cpp measures the same units at length for bench.)
+double dot_over_fma_rate() {
+  constexpr int kChains = 16;
+  constexpr int64_t kIters = 20000;  // about 0.1-0.5 ms per run
+  const auto best_seconds = [](auto loop) {
+    double best = 1e30;
+    for (int run = 0; run < 5; ++run) {
+      const auto t0 = std::chrono::steady_clock::now();
+      loop();
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return best;
+  };
+  alignas(64) float sink[16];
+  const double dot_s = best_seconds([&] {
+    const __m512i a = _mm512_set1_epi32(0x3F803F80), b = _mm512_set1_epi32(0x3C003C00);  // (1, 1) · (2^-7, 2^-7)
+    __m512 c[kChains];
+    for (int j = 0; j < kChains; ++j) c[j] = V::set1(static_cast<float>(j));
+    for (int64_t i = 0; i < kIters; ++i) {
+#pragma GCC unroll 16
+      for (int j = 0; j < kChains; ++j) c[j] = dot_pairs(c[j], a, b);
+    }
+    for (int j = 1; j < kChains; ++j) c[0] = V::add(c[0], c[j]);
+    V::store(sink, c[0]);
+  });
+  const double fma_s = best_seconds([&] {
+    const __m512 a = V::set1(0.999999f), b = V::set1(0.5f);
+    __m512 c[kChains];
+    for (int j = 0; j < kChains; ++j) c[j] = V::set1(static_cast<float>(j));
+    for (int64_t i = 0; i < kIters; ++i) {
+#pragma GCC unroll 16
+      for (int j = 0; j < kChains; ++j) c[j] = V::fma(c[j], a, b);
+    }
+    for (int j = 1; j < kChains; ++j) c[0] = V::add(c[0], c[j]);
+    V::store(sink, c[0]);
+  });
+  asm volatile("" : : "r"(sink) : "memory");
+  return (4.0 / dot_s) / (2.0 / fma_s);  // 4 FLOPs per lane for a dot, 2 for an FMA
+}
+
+}  // namespace dsv41::detail::avx512_bf16
+
+namespace dsv41::detail {
+
+void linear_fp8_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Fp8Matrix& w, float* y) {
+  avx512_bf16::run_linear_pairs<avx512_bf16::Fp8Kind>(ex, x, m, w, y);
+}
+void linear_fp4_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Fp4Matrix& w, float* y) {
+  avx512_bf16::run_linear_pairs<avx512_bf16::Fp4Kind>(ex, x, m, w, y);
+}
+bool bf16_dot_rounds_in_order() { return avx512_bf16::rounds_in_order(); }
+double bf16_dot_over_fma_rate() { return avx512_bf16::dot_over_fma_rate(); }
+
+}  // namespace dsv41::detail
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+
+#else  // not x86: the level is never available; the references stand in so the build links
+
+namespace dsv41::detail {
+void linear_fp8_avx512_bf16(const Exec&, const float* x, int64_t m, const Fp8Matrix& w, float* y) {
+  reference::linear_fp8(x, m, w, y);
+}
+void linear_fp4_avx512_bf16(const Exec&, const float* x, int64_t m, const Fp4Matrix& w, float* y) {
+  reference::linear_fp4(x, m, w, y);
+}
+bool bf16_dot_rounds_in_order() { return false; }
+double bf16_dot_over_fma_rate() { return 0.0; }
+}  // namespace dsv41::detail
+
+#endif

@@ -1,6 +1,6 @@
 # Fails when a file in src/<layer>/ includes a header of a layer it may not use (CMakeLists.txt lists
-# each layer's allowed layers), or when a narrow header pulls in, through any chain of includes, a
-# header of a layer outside its list. Run as: cmake -DSRC=<src> -DLAYERS=<layers.cmake> -P this file.
+# each layer's allowed layers), when a narrow header pulls in, through any chain of includes, a
+# header of a layer outside its list, or when a file outside a private header's layers includes it. Run as: cmake -DSRC=<src> -DLAYERS=<layers.cmake> -P this file.
 cmake_minimum_required(VERSION 3.22)
 include(${LAYERS})
 set(errors "")
@@ -44,6 +44,20 @@ foreach(entry IN LISTS narrow_headers)
     endif()
     list(APPEND todo ${includes_${header}})
   endwhile()
+endforeach()
+
+foreach(entry IN LISTS private_headers)
+  string(REPLACE ":" ";" parts "${entry}")
+  list(GET parts 0 private)
+  list(GET parts 1 layers)
+  string(REPLACE " " ";" layers "${layers}")
+  foreach(rel IN LISTS files)
+    string(REGEX MATCH "^[a-z_]+" layer "${rel}")
+    if(private IN_LIST includes_${rel} AND NOT layer IN_LIST layers)
+      string(REPLACE ";" ", " may "${layers}")
+      string(APPEND errors "  ${rel} includes ${private}: only ${may} may\n")
+    endif()
+  endforeach()
 endforeach()
 
 if(errors)

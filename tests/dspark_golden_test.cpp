@@ -53,7 +53,7 @@ TEST_P(GoldenDspark, DrafterMatchesTheReferenceAtEveryGreedyStep) {
   for (size_t k = 1; k <= drafts.size(); ++k) {
     // the target decodes tokens[k-1] (teacher-forced, as the goldens' greedy run) and produced tokens[k]
     ForwardResult step = model->forward(st, {tokens[k - 1]}, with_taps());
-    drafter.observe(st, step.dspark_taps, 0, st.length - 1, 1);
+    drafter.observe(st, step.dspark_taps, 0, st.length() - 1, 1);
     Draft d = drafter.draft(st, tokens[k], greedy);
     const float* ref = &ref_logits[(k - 1) * B * V];
     for (int64_t i = 0; i < B; ++i) {

@@ -159,7 +159,7 @@ TEST(GoldenVisionSpans, InputsThatDoNotFitAreRefused) {
   sp->rows.assign(static_cast<size_t>(d), 0.25f);
   opt.spans = sp;
   EXPECT_THROW(text_only->forward(st, {0, 5}, opt), Error);
-  EXPECT_EQ(st.length, 0);  // refused before anything moved: the sequence goes on as before
+  EXPECT_EQ(st.length(), 0);  // refused before anything moved: the sequence goes on as before
   EXPECT_NO_THROW(text_only->forward(st, {0, 5}, {}));
 }
 

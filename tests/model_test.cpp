@@ -23,12 +23,6 @@ namespace {
 const Model& tiny() { return test::tiny_model(); }
 
 // Every stored row of a paged state class, concatenated.
-std::vector<uint8_t> all_rows(const PagedRows& rows) {
-  std::vector<uint8_t> out;
-  for (int64_t i = 0; i < rows.size(); ++i) out.insert(out.end(), rows.row(i), rows.row(i) + rows.row_bytes());
-  return out;
-}
-
 std::vector<int32_t> random_ids(int n, uint32_t seed, int vocab) {
   std::mt19937 rng(seed);
   std::vector<int32_t> ids(static_cast<size_t>(n));
@@ -51,7 +45,7 @@ ChunkedRun run_chunked(const std::vector<int32_t>& ids, int64_t chunk) {
   ChunkedRun out;
   for (size_t done = 0; done < ids.size();) {
     const size_t take = std::min<size_t>(static_cast<size_t>(chunk), ids.size() - done);
-    const int64_t start = st.length;
+    const int64_t start = st.length();
     ForwardResult r = m.forward(st, {ids.begin() + done, ids.begin() + done + take}, opt);
     for (size_t layer = 0; layer < r.index.size(); ++layer) {
       const IndexCapture& cap = r.index[layer];
@@ -127,10 +121,7 @@ TEST(ModelTailMode, ShortPromptsAreExactLongOnesApproximate) {
       // the global state is exact: the KV sources' rows equal an exact prefill's
       Session e(m, test::pools_for(m), exact);
       e.prefill(prompt);
-      for (int l : m.config().kv_source_layers) {
-        EXPECT_EQ(all_rows(s.state().sources[l]->compressed), all_rows(e.state().sources[l]->compressed)) << l;
-        EXPECT_EQ(all_rows(s.state().sources[l]->index_keys), all_rows(e.state().sources[l]->index_keys)) << l;
-      }
+      EXPECT_EQ(first_difference(s.state(), e.state(), StateScope::GlobalRows), "");
     }
     for (int32_t t : teacher) {
       std::vector<float> l = s.decode(t);
@@ -208,9 +199,43 @@ TEST(ModelErrors, BadTokensAndContextOverflowAreRefused) {
   EXPECT_THROW(m.forward(st, {5, 1024}, {}), Error);
   EXPECT_THROW(m.forward(st, {-1}, {}), Error);
   EXPECT_THROW(m.forward(st, {}, {}), Error);
-  EXPECT_EQ(st.length, 0);  // a refused call leaves the state untouched
+  EXPECT_EQ(st.length(), 0);  // a refused call leaves the state untouched
   std::vector<int32_t> too_long(static_cast<size_t>(m.config().max_seq_len + 1), 3);
   EXPECT_THROW(m.forward(st, too_long, {}), Error);
+}
+
+// The opaque state's public face: its length, the pages of its global rows (and clear errors for a
+// layer or block it has none of), and the comparison the tests use, which does find differences.
+TEST(SequenceStateApi, LengthPagesAndDifferences) {
+  const Model& m = tiny();
+  StatePools& pools = test::pools_for(m);
+  SequenceState a = m.new_sequence(pools), b = m.new_sequence(pools);
+  EXPECT_EQ(first_difference(a, b), "");
+  const std::vector<int32_t> prompt = random_ids(static_cast<int>(2 * kTokensPerPage), 5, 1024);
+  m.forward(a, prompt, {});
+  EXPECT_EQ(a.length(), 2 * kTokensPerPage);
+  EXPECT_EQ(first_difference(a, b), "length 128 against 0");
+  m.forward(b, std::vector<int32_t>(prompt.begin(), prompt.end() - 1), {});
+  m.forward(b, {prompt.back() == 7 ? 8 : 7}, {});  // the same length, another last token
+  EXPECT_NE(first_difference(a, b), "");
+  SequenceState c = m.new_sequence(pools);
+  m.forward(c, prompt, {});
+  EXPECT_EQ(first_difference(a, c), "");
+  const int source = m.config().kv_source_layers.front();
+  const GlobalPages p0 = a.global_pages(source, 0), p1 = a.global_pages(source, 1);
+  EXPECT_GE(p0.main_kv, 0);
+  EXPECT_GE(p0.index_keys, 0);
+  EXPECT_NE(p0.main_kv, p1.main_kv);
+  EXPECT_NE(p0.main_kv, c.global_pages(source, 0).main_kv) << "two sequences' own pages";
+  EXPECT_THROW(a.global_pages(source, 2), Error);
+  EXPECT_THROW(a.global_pages(-1, 0), Error);
+  for (int layer = 0; layer < m.config().n_layers; ++layer) {
+    const auto& src = m.config().kv_source_layers;
+    if (std::find(src.begin(), src.end(), layer) == src.end()) {
+      EXPECT_THROW(a.global_pages(layer, 0), Error) << layer;
+      break;
+    }
+  }
 }
 
 // select_candidate_blocks against a direct reading of the reference's definition.
@@ -311,8 +336,7 @@ TEST(ModelBatch, DecodeBatchEqualsDecodingEachSequence) {
     std::vector<std::vector<float>> together = Session::decode_batch(batch, tokens);
     for (int i = 0; i < 3; ++i) {
       EXPECT_EQ(together[i], b[i]->decode(tokens[i])) << "sequence " << i << " step " << step;
-      EXPECT_EQ(a[i]->state().window, b[i]->state().window);
-      EXPECT_EQ(a[i]->state().engram_recent, b[i]->state().engram_recent);
+      EXPECT_EQ(first_difference(a[i]->state(), b[i]->state()), "") << "sequence " << i << " step " << step;
     }
   }
 }
@@ -325,21 +349,7 @@ namespace {
 
 // Everything a decode step may change in a sequence's state, for comparing two copies of it.
 void expect_same_state(const SequenceState& a, const SequenceState& b, const std::string& what) {
-  EXPECT_EQ(a.length, b.length) << what;
-  EXPECT_EQ(a.window, b.window) << what;
-  EXPECT_EQ(a.window_from, b.window_from) << what;
-  EXPECT_EQ(a.engram_recent, b.engram_recent) << what;
-  EXPECT_EQ(a.last_index_keys_layer, b.last_index_keys_layer) << what;
-  ASSERT_EQ(a.sources.size(), b.sources.size()) << what;
-  for (size_t layer = 0; layer < a.sources.size(); ++layer) {
-    if (!a.sources[layer]) continue;
-    const KvSourceState& x = *a.sources[layer];
-    const KvSourceState& y = *b.sources[layer];
-    EXPECT_EQ(all_rows(x.compressed), all_rows(y.compressed)) << what << " layer " << layer;
-    EXPECT_EQ(all_rows(x.index_keys), all_rows(y.index_keys)) << what << " layer " << layer;
-    EXPECT_EQ(x.tail_kv, y.tail_kv) << what << " layer " << layer;
-    EXPECT_EQ(x.tail_score, y.tail_score) << what << " layer " << layer;
-  }
+  EXPECT_EQ(first_difference(a, b), "") << what;
 }
 
 // Sequences at different points of their life decode together exactly as each does alone: one whose

@@ -7,6 +7,7 @@
 
 #include "numeric/row_codecs.h"
 #include "util/error.h"
+#include "state/sequence_access.h"
 
 namespace dsv41 {
 
@@ -276,7 +277,7 @@ void store_window_rows(const ModelConfig& c, const std::vector<uint8_t>& packed,
 // must have been published.
 void compressed_kv_and_selection(const Backend& be, const ModelConfig& c, const LayerRole& r, const AttentionWeights& w,
                                  const RopeTable& rope, const SequenceRows& rows, ForwardContext& ctx,
-                                 SequenceState& st) {
+                                 SequenceParts& st) {
   if (r.kv_source) {
     KvSourceState& src = *st.sources[r.layer];
     int64_t first = 0, groups = 0;
@@ -313,7 +314,7 @@ void compressed_kv_and_selection(const Backend& be, const ModelConfig& c, const 
 // layout, all read packed; the output's RoPE tail is rotated back at the query's position.
 void sparse_attention_per_query(const Backend& be, const ModelConfig& c, const LayerRole& r, const AttentionWeights& w,
                                 const RopeTable& rope, const float* q, const std::vector<uint8_t>& packed,
-                                const std::vector<uint8_t>& ring, const ForwardContext& ctx, const SequenceState& st,
+                                const std::vector<uint8_t>& ring, const ForwardContext& ctx, const SequenceParts& st,
                                 float* o) {
   const int64_t s = ctx.count, H = c.n_heads, D = c.head_dim, W = c.window_size, wrb = window_row_bytes(D);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
@@ -373,7 +374,8 @@ SequenceRows sequence_rows(const ModelConfig& c, AttentionProjection& p, int64_t
 }
 
 void attention_core(const Backend& be, const ModelConfig& c, const LayerRole& r, const AttentionWeights& w,
-                    const RopeTable& rope, const SequenceRows& rows, ForwardContext& ctx, SequenceState& st, float* o) {
+                    const RopeTable& rope, const SequenceRows& rows, ForwardContext& ctx, SequenceState& seq, float* o) {
+  SequenceParts& st = parts_of(seq);
   be.rope(rope, rope_tail(rows.q, ctx.count * c.n_heads, c.head_dim, c.rope_head_dim, c.n_heads, ctx.start), false);
   const std::vector<uint8_t> packed = pack_window_rows(be, c, rope, ctx, rows.kv);
   std::vector<uint8_t>& ring = st.window[r.layer];

@@ -6,6 +6,7 @@
 #include "model/blocks.h"
 #include "numeric/row_codecs.h"
 #include "util/error.h"
+#include "state/sequence_access.h"
 
 namespace dsv41 {
 
@@ -68,8 +69,9 @@ Drafter::Drafter(const Model& model) : model_(model) {
   if (!model.config().has_dspark()) fail("speculative", "this model has no DSpark blocks");
 }
 
-void Drafter::observe(SequenceState& st, const std::vector<float>& taps, int64_t first_row, int64_t start,
+void Drafter::observe(SequenceState& seq, const std::vector<float>& taps, int64_t first_row, int64_t start,
                       int64_t count) const {
+  SequenceParts& st = parts_of(seq);
   const ModelConfig& c = model_.config();
   const Backend& be = model_.backend();
   if (count <= 0) return;
@@ -98,7 +100,8 @@ void Drafter::observe(SequenceState& st, const std::vector<float>& taps, int64_t
   }
 }
 
-Draft Drafter::draft(const SequenceState& st, int32_t next, TokenPicker& picker) const {
+Draft Drafter::draft(const SequenceState& seq, int32_t next, TokenPicker& picker) const {
+  const SequenceParts& st = parts_of(seq);
   const ModelConfig& c = model_.config();
   const Backend& be = model_.backend();
   const ModelWeights& W = model_.weights();

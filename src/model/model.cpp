@@ -9,6 +9,7 @@
 #include "model/blocks.h"
 #include "numeric/formats.h"
 #include "numeric/row_codecs.h"
+#include "state/sequence_access.h"
 #include "util/error.h"
 
 namespace dsv41 {
@@ -86,7 +87,8 @@ Model::Model(std::shared_ptr<const Backend> backend, std::shared_ptr<const Model
 }
 
 SequenceState Model::new_sequence(StatePools& pools) const {
-  SequenceState s;
+  SequenceState seq;
+  SequenceParts& s = parts_of(seq);
   s.window.resize(roles_.size());
   s.window_from.assign(roles_.size(), 0);
   s.sources.resize(roles_.size());
@@ -96,7 +98,7 @@ SequenceState Model::new_sequence(StatePools& pools) const {
         std::make_unique<KvSourceState>(pools.main_kv(r.layer), pools.index_keys(r.layer),
                                         main_kv_bytes(config().head_dim), index_key_bytes(config().index_head_dim));
   }
-  return s;
+  return seq;
 }
 
 ForwardResult Model::forward(SequenceState& state, const std::vector<int32_t>& tokens,
@@ -116,8 +118,8 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
       fail("forward", "each call needs a sequence of its own");
     const int64_t s = static_cast<int64_t>(call.tokens.size());
     if (s == 0) fail("forward", "no tokens");
-    if (call.state->length + s > c.max_seq_len) {
-      fail("forward", "context of " + std::to_string(call.state->length + s) + " tokens exceeds the model's " +
+    if (call.state->length() + s > c.max_seq_len) {
+      fail("forward", "context of " + std::to_string(call.state->length() + s) + " tokens exceeds the model's " +
                           std::to_string(c.max_seq_len));
     }
     for (int32_t t : call.tokens) {
@@ -137,7 +139,7 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
     run.count = static_cast<int64_t>(call.tokens.size());
     run.row0 = static_cast<int64_t>(tokens.size());
     // tail mode: past the last KV source only rows from tail_start on matter for any future state
-    run.late_first = opt.tail_start < 0 ? 0 : std::clamp<int64_t>(opt.tail_start - call.state->length, 0, run.count);
+    run.late_first = opt.tail_start < 0 ? 0 : std::clamp<int64_t>(opt.tail_start - call.state->length(), 0, run.count);
     if (opt.spans) {
       const SpanEmbeddings& sp = *opt.spans;
       if (static_cast<int64_t>(sp.mask.size()) != run.count)
@@ -162,7 +164,7 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
         fail("forward", "teacher-forced streams hold " + std::to_string(streams) +
                             " values, not n_layers·count·hc·dim = " + std::to_string(want));
     }
-    ctx.start = call.state->length;
+    ctx.start = call.state->length();
     ctx.count = run.count;
     ctx.index_keys = opt.index_keys;
     ctx.topk_ties = opt.topk_ties;
@@ -186,7 +188,7 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
   if (!c.engram_layer_ids.empty()) {
     std::vector<std::vector<int64_t>> ids(c.engram_layer_ids.size());
     for (ForwardCall& call : calls) {
-      SequenceState& st = *call.state;
+      SequenceParts& st = parts_of(*call.state);
       std::vector<int64_t> compressed = hasher_.compress(call.tokens);
       if (call.options.spans) {  // span positions are DEAD for Engram, also in the history kept
         for (size_t i = 0; i < compressed.size(); ++i)
@@ -263,7 +265,7 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
     for (size_t k = 0; k < calls.size(); ++k) {
       const int64_t tail_start = calls[k].options.tail_start;
       if (layer >= late && tail_start >= 0 && runs[k].rows() > 0) {
-        int64_t& from = calls[k].state->window_from[layer];
+        int64_t& from = parts_of(*calls[k].state).window_from[layer];
         from = std::max(from, tail_start);
       }
     }
@@ -305,7 +307,7 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
         std::copy_n(teacher->streams.begin() + layer * run.count * width, run.count * width, &x.X[run.row0 * width]);
     }
   }
-  for (size_t k = 0; k < calls.size(); ++k) calls[k].state->length += runs[k].count;
+  for (size_t k = 0; k < calls.size(); ++k) parts_of(*calls[k].state).length += runs[k].count;
 
   // head: collapse with the last FFN's pre, final norm, fp32 projection, over the rows of every call
   // that reaches it

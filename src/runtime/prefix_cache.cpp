@@ -56,7 +56,7 @@ void PrefixCache::replay(const std::vector<int32_t>& prompt, int64_t boundary, S
 
 CacheHit PrefixCache::restore(const std::vector<int32_t>& prompt, SequenceState& state, int64_t tail_start) {
   CacheHit hit;
-  if (state.length != 0) fail("prefix cache", "restores only into a fresh sequence");
+  if (state.length() != 0) fail("prefix cache", "restores only into a fresh sequence");
   const int64_t limit = usable_boundary(static_cast<int64_t>(prompt.size()));
   if (limit <= 0) return hit;
 
@@ -161,7 +161,7 @@ bool PrefixCache::restore_entry(const std::vector<int32_t>& prompt, const std::s
 
 uint64_t PrefixCache::store(const std::vector<int32_t>& tokens, const SequenceState& st) {
   const int64_t n = static_cast<int64_t>(tokens.size());
-  if (st.length != n || n <= 0 || n % kTokensPerPage != 0) {
+  if (st.length() != n || n <= 0 || n % kTokensPerPage != 0) {
     fail("prefix cache", "stores whole blocks of " + std::to_string(kTokensPerPage) + " tokens at the sequence's end");
   }
   const int64_t blocks = n / kTokensPerPage;
@@ -172,8 +172,8 @@ uint64_t PrefixCache::store(const std::vector<int32_t>& tokens, const SequenceSt
       [&](int64_t k) {
         Block b;
         for (int l : sources_) {
-          const int32_t mp = st.sources[l]->compressed.pages()[static_cast<size_t>(k)];
-          const int32_t kp = st.sources[l]->index_keys.pages()[static_cast<size_t>(k)];
+          const GlobalPages pages = st.global_pages(l, k);
+          const int32_t mp = pages.main_kv, kp = pages.index_keys;
           pools_.main_kv(l).retain(mp);  // the block now keeps these pages alive
           pools_.index_keys(l).retain(kp);
           b.main_pages.push_back(mp);

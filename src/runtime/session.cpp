@@ -14,7 +14,7 @@ Session::Session(const Model& model, StatePools& pools, SessionOptions options, 
 void Session::begin_prefill(const std::vector<int32_t>& tokens) {
   if (tokens.empty()) fail("prompt", "is empty");
   if (prefill_pending()) fail("prefill", "the previous prompt is still being prefilled");
-  const int64_t n = static_cast<int64_t>(tokens.size()), origin = state_.length;
+  const int64_t n = static_cast<int64_t>(tokens.size()), origin = state_.length();
   pending_opt_ = {};
   pending_opt_.index_keys = options_.index_keys;
   pending_opt_.dspark_taps = static_cast<bool>(observer_);
@@ -36,7 +36,7 @@ void Session::begin_prefill(const std::vector<int32_t>& tokens) {
   store_at_ = storable ? PrefixCache::usable_boundary(n) : -1;
   pending_ = tokens;
   pending_origin_ = origin;
-  pending_done_ = state_.length - origin;
+  pending_done_ = state_.length() - origin;
   last_logits_.clear();
   history_.insert(history_.end(), tokens.begin(), tokens.end());
 }
@@ -131,7 +131,7 @@ void Session::run_planned(const std::vector<Session*>& sessions) {
     s.result_ = std::move(results[i]);
     if (s.planned_ == Planned::Decode) {
       s.history_.push_back(s.planned_tokens_[0]);
-      if (s.observer_ && s.planned_observe_) s.observer_(s.state_, s.result_, s.state_.length - 1, 1);
+      if (s.observer_ && s.planned_observe_) s.observer_(s.state_, s.result_, s.state_.length() - 1, 1);
       s.planned_ = Planned::None;
     } else {
       s.planned_ = Planned::Verified;

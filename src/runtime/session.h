@@ -65,7 +65,7 @@ class Session {
   const ForwardResult& planned_result() const { return result_; }
   void keep_verified(int64_t n);
 
-  int64_t position() const { return state_.length; }
+  int64_t position() const { return state_.length(); }
   // Called after every target forward of this session with its result and the positions it ran.
   using Observer = std::function<void(SequenceState&, const ForwardResult&, int64_t start, int64_t count)>;
   void set_observer(Observer observer) { observer_ = std::move(observer); }

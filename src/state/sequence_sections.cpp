@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "numeric/row_codecs.h"
+#include "state/sequence_access.h"
 
 namespace dsv41 {
 
@@ -32,7 +33,8 @@ std::vector<uint8_t> rows_bytes(const PagedRows& rows) {
 
 }  // namespace
 
-std::vector<CacheSection> global_row_sections(const SequenceState& st) {
+std::vector<CacheSection> global_row_sections(const SequenceState& seq) {
+  const SequenceParts& st = parts_of(seq);
   std::vector<CacheSection> out;
   for (size_t l = 0; l < st.sources.size(); ++l) {
     const KvSourceState* src = st.sources[l].get();
@@ -44,7 +46,8 @@ std::vector<CacheSection> global_row_sections(const SequenceState& st) {
   return out;
 }
 
-std::vector<CacheSection> short_state_sections(const SequenceState& st) {
+std::vector<CacheSection> short_state_sections(const SequenceState& seq) {
+  const SequenceParts& st = parts_of(seq);
   std::vector<CacheSection> out;
   for (size_t l = 0; l < st.window.size(); ++l) {
     if (!st.window[l].empty()) out.push_back({"window", static_cast<int32_t>(l), 0, st.window[l]});
@@ -68,20 +71,22 @@ const CacheSection* find_section(const std::vector<CacheSection>& sections, cons
   return nullptr;
 }
 
-bool load_global_row_sections(SequenceState& st, const ModelConfig& c, const std::vector<CacheSection>& sections,
+bool load_global_row_sections(SequenceState& seq, const ModelConfig& c, const std::vector<CacheSection>& sections,
                               int64_t tokens) {
+  SequenceParts& st = parts_of(seq);
   for (size_t l = 0; l < st.sources.size(); ++l) {
     if (!st.sources[l]) continue;
     const int layer = static_cast<int>(l);
     const CacheSection* main = find_section(sections, "main_kv", layer);
     const CacheSection* keys = find_section(sections, "index_keys", layer);
-    if (!main || !keys || !load_global_rows(st, layer, main->bytes, keys->bytes, tokens / c.compress_ratios[l])) return false;
+    if (!main || !keys || !load_global_rows(seq, layer, main->bytes, keys->bytes, tokens / c.compress_ratios[l])) return false;
   }
   return true;
 }
 
 std::optional<ShortState> short_state_of_sections(const std::vector<CacheSection>& sections, const ModelConfig& c,
-                                                  const SequenceState& st) {
+                                                  const SequenceState& seq) {
+  const SequenceParts& st = parts_of(seq);
   ShortState s;
   const size_t layers = st.window.size();
   s.window.resize(layers);

@@ -4,11 +4,13 @@
 #include <cmath>
 #include <cstring>
 
+#include "state/sequence_access.h"
 #include "util/error.h"
 
 namespace dsv41 {
 
-ShortState ShortState::of(const SequenceState& st) {
+ShortState ShortState::of(const SequenceState& seq) {
+  const SequenceParts& st = parts_of(seq);
   ShortState s;
   s.window = st.window;
   s.window_from = st.window_from;
@@ -24,7 +26,8 @@ ShortState ShortState::of(const SequenceState& st) {
   return s;
 }
 
-void ShortState::apply_to(SequenceState& st) const {
+void ShortState::apply_to(SequenceState& seq) const {
+  SequenceParts& st = parts_of(seq);
   if (window.size() != st.window.size() || window_from.size() != st.window_from.size() ||
       tail_kv.size() != st.sources.size() || tail_score.size() != st.sources.size()) {
     fail("sequence state", "the snapshot is of a model with other layers");
@@ -48,7 +51,8 @@ size_t ShortState::bytes() const {
   return n;
 }
 
-GlobalRowBytes global_row_bytes(const SequenceState& st) {
+GlobalRowBytes global_row_bytes(const SequenceState& seq) {
+  const SequenceParts& st = parts_of(seq);
   GlobalRowBytes b;
   for (const auto& src : st.sources) {
     if (!src) continue;
@@ -58,15 +62,17 @@ GlobalRowBytes global_row_bytes(const SequenceState& st) {
   return b;
 }
 
-void adopt_global_rows(SequenceState& st, int layer, std::vector<int32_t> main_pages, std::vector<int32_t> key_pages,
+void adopt_global_rows(SequenceState& seq, int layer, std::vector<int32_t> main_pages, std::vector<int32_t> key_pages,
                        int64_t rows) {
+  SequenceParts& st = parts_of(seq);
   KvSourceState& src = *st.sources.at(static_cast<size_t>(layer));
   src.compressed = PagedRows::adopt(src.compressed.pool(), src.compressed.row_bytes(), std::move(main_pages), rows);
   src.index_keys = PagedRows::adopt(src.index_keys.pool(), src.index_keys.row_bytes(), std::move(key_pages), rows);
 }
 
-bool load_global_rows(SequenceState& st, int layer, const std::vector<uint8_t>& main, const std::vector<uint8_t>& keys,
+bool load_global_rows(SequenceState& seq, int layer, const std::vector<uint8_t>& main, const std::vector<uint8_t>& keys,
                       int64_t rows) {
+  SequenceParts& st = parts_of(seq);
   KvSourceState& src = *st.sources.at(static_cast<size_t>(layer));
   const auto fits = [rows](const std::vector<uint8_t>& bytes, const PagedRows& to) {
     return bytes.size() % to.row_bytes() == 0 && static_cast<int64_t>(bytes.size() / to.row_bytes()) >= rows;
@@ -79,17 +85,19 @@ bool load_global_rows(SequenceState& st, int layer, const std::vector<uint8_t>& 
   return true;
 }
 
-void set_restored_length(SequenceState& st, int64_t tokens) { st.length = tokens; }
+void set_restored_length(SequenceState& seq, int64_t tokens) { parts_of(seq).length = tokens; }
 
-void rewind_for_replay(SequenceState& st, int64_t start, std::vector<int64_t> engram_recent, int last_index_keys_layer) {
+void rewind_for_replay(SequenceState& seq, int64_t start, std::vector<int64_t> engram_recent, int last_index_keys_layer) {
+  SequenceParts& st = parts_of(seq);
   st.length = start;
   std::fill(st.window_from.begin(), st.window_from.end(), start);
   st.engram_recent = std::move(engram_recent);
   st.last_index_keys_layer = last_index_keys_layer;
 }
 
-VerifyCheckpoint::VerifyCheckpoint(const ModelConfig& c, const SequenceState& st, int64_t positions)
-    : config_(&c), first_(st.length), positions_(positions) {
+VerifyCheckpoint::VerifyCheckpoint(const ModelConfig& c, const SequenceState& seq, int64_t positions)
+    : config_(&c), first_(seq.length()), positions_(positions) {
+  const SequenceParts& st = parts_of(seq);
   if (positions < 1 || positions > c.window_size) fail("speculative", "a verify step must fit in the window ring");
   const int64_t W = c.window_size;
   slots_.resize(st.window.size());
@@ -112,9 +120,10 @@ VerifyCheckpoint::VerifyCheckpoint(const ModelConfig& c, const SequenceState& st
   last_index_keys_layer_ = st.last_index_keys_layer;
 }
 
-void VerifyCheckpoint::roll_back(SequenceState& st, int64_t kept, const std::vector<std::vector<float>>& compressor_kv,
+void VerifyCheckpoint::roll_back(SequenceState& seq, int64_t kept, const std::vector<std::vector<float>>& compressor_kv,
                                  const std::vector<std::vector<float>>& compressor_score,
                                  std::vector<int64_t> engram_recent) const {
+  SequenceParts& st = parts_of(seq);
   if (config_ == nullptr) fail("speculative", "no checkpoint was taken");
   const ModelConfig& c = *config_;
   const int64_t end = first_ + positions_, W = c.window_size, D = c.head_dim;

@@ -518,9 +518,10 @@ TEST(CliBench, GemmIsReportedAgainstTheRegisterOnlyPeaks) {
     const std::string unit = unit_of.at(g["level"].get<std::string>());
     ASSERT_EQ(g["unit"], unit) << g;
     EXPECT_DOUBLE_EQ(g["unit_efficiency"].get<double>(), g["gflops"].get<double>() / peaks[unit].get<double>()) << g;
-    // (1.5, not 1.1 as against the best peak: a slower unit's peak leaves less headroom when other
-    // tests share the cores while it is measured)
-    EXPECT_LT(g["unit_efficiency"].get<double>(), 1.5) << "far above the peak of the unit it computes on: " << g;
+    // Against the unit's one-core peak times the cores: the all-core figure of a slower unit leaves
+    // little headroom when other tests share a core while it is measured (1.30 seen under ctest -j2).
+    EXPECT_LT(g["gflops"].get<double>(), 1.1 * cores * machine["peaks_per_core"][unit].get<double>())
+        << "above the peak of the unit it computes on: " << g;
   }
   auto bad = test::run_dsv41("bench -m " + test::tiny_model_dir() + " --scenario gemm --gemm-rows 16,x");
   EXPECT_NE(bad.status, 0);

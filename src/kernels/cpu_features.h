@@ -18,8 +18,8 @@ struct CpuFeatures {
   // (Intel's definition; probed, since the level's exactness rests on it)
   bool bf16_dot_in_order = false;
   // vdpbf16ps's FLOP rate over vfmadd's, both zmm (timed once, a few milliseconds): 2 where the dot
-  // unit runs as many instructions as the FMA, 0.5 on Sapphire-Rapids-class Xeons, where it issues
-  // at a quarter of their rate. 0 without AVX-512-BF16.
+  // unit issues as many instructions as the FMA, about 0.5 on the development machine's Xeon, where
+  // it issues at a quarter of their rate (docs/performance.md). 0 without AVX-512-BF16.
   double bf16_dot_over_fma = 0;
   bool amx_bf16 = false;     // AMX tiles + tdpbf16ps, with the OS able to save tile state (XCR0)
 };

@@ -65,6 +65,44 @@ TEST(TrainedModel, HeldOutPerplexityIsTheDocumentedOne) {
   }
 }
 
+// Each window's context restored from the prompt cache (docs/training.md): an exact restore scores
+// every token exactly as a whole prefill does; a replay restore (the windows rebuilt from the last
+// window of tokens before the boundary) moves perplexity by a few thousandths of a percent here, and
+// re-runs exactly one window per chunk. Bad values are refused naming the flag.
+TEST(TrainedModel, ContextsRestoredFromThePromptCache) {
+  constexpr int kWindows = 8;
+  const auto run = [&](const std::string& restore) {
+    auto r = test::run_dsv41("ppl -m " + model_dir() + " -f " + model_dir() + "/heldout.txt --ctx 512 --stride 128 --chunks " +
+                             std::to_string(kWindows) + " --restore " + restore + " --json");
+    EXPECT_EQ(r.status, 0) << r.out;
+    return json::parse(r.out.substr(r.out.find('{')));
+  };
+  const json none = run("none"), exact = run("exact"), replay = run("replay");
+  std::printf("[trained] ppl over %d windows of 512, context from a prefill / an exact restore / a replay restore: "
+              "%.4f / %.4f / %.4f (replayed %lld of %lld restored tokens)\n",
+              kWindows, none["ppl"].get<double>(), exact["ppl"].get<double>(), replay["ppl"].get<double>(),
+              static_cast<long long>(replay["replayed_tokens"].get<int64_t>()),
+              static_cast<long long>(replay["restored_tokens"].get<int64_t>()));
+  EXPECT_EQ(none["restored_tokens"], 0);
+  // a window's 384 context tokens hold 6 cache blocks; the last stays to prefill (a hit leaves a token)
+  EXPECT_EQ(exact["restored_tokens"], kWindows * 320);
+  EXPECT_EQ(replay["restored_tokens"], kWindows * 320);
+  EXPECT_EQ(exact["replayed_tokens"], 0);
+  std::ifstream config_file(model_dir() + "/inference/config.json");
+  const json config = json::parse(config_file);
+  EXPECT_EQ(replay["replayed_tokens"], kWindows * config["window_size"].get<int64_t>());
+  EXPECT_EQ(exact["mean_nll"].get<double>(), none["mean_nll"].get<double>()) << "an exact restore is exact";
+  EXPECT_NE(replay["mean_nll"].get<double>(), none["mean_nll"].get<double>()) << "replay rebuilds windows, not bits";
+  EXPECT_NEAR(replay["ppl"].get<double>(), none["ppl"].get<double>(), 0.01 * none["ppl"].get<double>());
+
+  auto bad = test::run_dsv41("ppl -m " + model_dir() + " -f " + model_dir() + "/heldout.txt --restore sometimes");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("--restore: must be exact or replay, got \"sometimes\""), std::string::npos) << bad.out;
+  bad = test::run_dsv41("ppl -m " + model_dir() + " -f " + model_dir() + "/heldout.txt --ctx 100 --stride 60 --restore exact");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("--restore: needs a context"), std::string::npos) << bad.out;
+}
+
 TEST(TrainedModel, WritesWordsOfTheCorpus) {
   std::ifstream in(model_dir() + "/heldout.txt");
   const std::string heldout((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

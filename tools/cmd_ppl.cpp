@@ -5,6 +5,11 @@
 // scores the second half of each chunk). A scored token is fed as the model's output (teacher
 // forcing) and its log-probability under the model's logits is summed. Windows run as concurrent
 // requests, so their decode steps are batched.
+//
+// --restore exact|replay measures what a prompt-cache hit costs: each window's context, cut at a whole
+// cache block, is first prefilled alone into the engine's prompt cache (a prefill-only request), and
+// the scored request then restores it in that mode (exact: the saved windows; replay: the windows
+// rebuilt by re-running the last window of tokens before the boundary) before prefilling the rest.
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -21,6 +26,7 @@
 #include "cli.h"
 #include "commands.h"
 #include "runtime/engine.h"
+#include "state/state_pools.h"
 #include "util/error.h"
 
 namespace dsv41::cli {
@@ -35,6 +41,8 @@ constexpr const char* kHelp = R"(usage: dsv41 ppl -m DIR -f FILE [options]
       --stride S         tokens between windows' starts, and scored per window (default ctx/2)
       --chunks N         score at most N windows (default: all of the text)
       --prefill-mode M   exact (default) or tail: how each window's context is prefilled
+      --restore R        exact or replay: each window's context comes from a prompt-cache hit
+                         restored this way (default: none, every window prefilled whole)
       --parallel N       chunks run at once (default 4)
       --json             print one JSON object instead of the running figures
 )";
@@ -44,6 +52,7 @@ struct Chunk {
   int64_t scored = 0;
   bool done = false;
   std::string error;
+  int64_t restored = 0, replayed = 0;  // prompt tokens from the cache, and of them re-run (replay)
 };
 
 }  // namespace
@@ -53,7 +62,8 @@ int run_ppl(int argc, char** argv) {
     std::fputs(kHelp, stdout);
     return 0;
   }
-  Args args("ppl", argc, argv, {"--model", "--file", "--ctx", "--stride", "--chunks", "--parallel", "--prefill-mode"}, {"--json"},
+  Args args("ppl", argc, argv,
+            {"--model", "--file", "--ctx", "--stride", "--chunks", "--parallel", "--prefill-mode", "--restore"}, {"--json"},
             {{"-m", "--model"}, {"-f", "--file"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
   const std::string path = args.required("--file");
@@ -66,12 +76,26 @@ int run_ppl(int argc, char** argv) {
   const std::string mode = args.get("--prefill-mode", "exact");
   if (mode != "exact" && mode != "tail") fail("--prefill-mode", "must be exact or tail, got \"" + mode + "\"");
   const bool json_out = args.has("--json");
+  const std::string restore = args.get("--restore", "none");
+  if (restore != "none" && restore != "exact" && restore != "replay") {
+    fail("--restore", "must be exact or replay, got \"" + restore + "\"");
+  }
+  const int64_t context = ctx - stride;  // tokens of a window before the scored ones, BOS included
+  const int64_t cached = context / kTokensPerPage * kTokensPerPage;  // what a window restores
+  if (restore != "none" && cached == 0) {
+    fail("--restore", "needs a context (--ctx minus --stride) of at least one cache block of " +
+                          std::to_string(kTokensPerPage) + " tokens, got " + std::to_string(context));
+  }
 
   EngineOptions eo;
   eo.model_dir = args.required("--model");
   eo.parallel = static_cast<int>(args.get_int("--parallel", 4, 1, 4096));
   eo.kv_budget_bytes = uint64_t{1} << 60;  // one job: its chunks are bounded by --parallel
   eo.cache_ram_bytes = 0;                  // chunks share no prefix
+  if (restore != "none") {
+    eo.cache_ram_bytes = uint64_t{1} << 40;  // every window's context stays until it is restored
+    eo.cache_mode = parse_cache_mode(restore);
+  }
   eo.backend = backend_from_environment();
   eo.log = [](const std::string& line) { std::fprintf(stderr, "dsv41 ppl: warning: %s\n", line.c_str()); };
   Engine engine(eo);
@@ -91,11 +115,39 @@ int run_ppl(int argc, char** argv) {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<Chunk> chunks(static_cast<size_t>(n_chunks));
-  const int64_t context = ctx - stride;  // tokens of a window before the scored ones, BOS included
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int64_t c = 0; c < n_chunks; ++c) {
+  const auto window = [&](int64_t c) {
     std::vector<int32_t> chunk = {static_cast<int32_t>(engine.config().bos_token_id)};
     chunk.insert(chunk.end(), tokens.begin() + c * stride, tokens.begin() + c * stride + per_window);
+    return chunk;
+  };
+  if (restore != "none") {  // every window's cached part first, each a prefill-only request
+    std::vector<Chunk> warm(static_cast<size_t>(n_chunks));
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      const std::vector<int32_t> chunk = window(c);
+      RequestParams p;
+      p.prefill_mode = mode == "tail" ? PrefillMode::Tail : PrefillMode::Exact;
+      p.prompt.assign(chunk.begin(), chunk.begin() + cached);
+      p.max_tokens = 0;
+      Chunk& out = warm[static_cast<size_t>(c)];
+      engine.submit(std::move(p), [&mu, &cv, &out](const TokenEvent& e) {
+        if (!e.done) return;
+        std::lock_guard<std::mutex> lock(mu);
+        out.done = true;
+        if (e.finish_reason == "error") out.error = e.error;
+        cv.notify_all();
+      });
+    }
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return warm[static_cast<size_t>(c)].done; });
+      if (!warm[static_cast<size_t>(c)].error.empty()) {
+        fail("ppl", "chunk " + std::to_string(c) + "'s cached context: " + warm[static_cast<size_t>(c)].error);
+      }
+    }
+  }
+  const auto t0 = std::chrono::steady_clock::now();  // (the scored requests, after any cache warm-up)
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    const std::vector<int32_t> chunk = window(c);
     RequestParams p;
     p.prefill_mode = mode == "tail" ? PrefillMode::Tail : PrefillMode::Exact;
     p.prompt.assign(chunk.begin(), chunk.begin() + context);
@@ -113,12 +165,15 @@ int run_ppl(int argc, char** argv) {
       }
       if (e.done) {
         out.done = true;
+        out.restored = e.cached_tokens;
+        out.replayed = e.report.replayed_tokens;
         if (e.finish_reason == "error") out.error = e.error;
         cv.notify_all();
       }
     });
   }
   double nll = 0;
+  int64_t restored = 0, replayed = 0;
   int64_t scored = 0;
   std::vector<double> chunk_means;  // every chunk scores the same number of tokens
   for (int64_t c = 0; c < n_chunks; ++c) {
@@ -130,6 +185,8 @@ int run_ppl(int argc, char** argv) {
     if (!ch.error.empty()) fail("ppl", "chunk " + std::to_string(c) + ": " + ch.error);
     nll += ch.nll;
     scored += ch.scored;
+    restored += ch.restored;
+    replayed += ch.replayed;
     chunk_means.push_back(ch.nll / static_cast<double>(std::max<int64_t>(ch.scored, 1)));
     if (!json_out) std::fprintf(stderr, "[%lld] %.4f\n", static_cast<long long>(c + 1), std::exp(nll / static_cast<double>(scored)));
   }
@@ -148,6 +205,9 @@ int run_ppl(int argc, char** argv) {
                         {"ctx", ctx},
                         {"stride", stride},
                         {"prefill_mode", mode},
+                        {"restore", restore},
+                        {"restored_tokens", restored},
+                        {"replayed_tokens", replayed},
                         {"tokens_scored", scored},
                         {"seconds", secs},
                         {"scored_tok_s", static_cast<double>(scored) / secs}};
@@ -155,6 +215,10 @@ int run_ppl(int argc, char** argv) {
   } else {
     std::printf("perplexity %.4f +/- %.4f over %lld tokens in %lld chunks of %lld (%.1f s)\n", ppl, ppl * stderr_nll,
                 static_cast<long long>(scored), static_cast<long long>(n_chunks), static_cast<long long>(ctx), secs);
+    if (restore != "none") {
+      std::printf("contexts restored from the prompt cache (%s): %lld tokens, %lld of them replayed\n",
+                  restore.c_str(), static_cast<long long>(restored), static_cast<long long>(replayed));
+    }
   }
   return 0;
 }

@@ -194,6 +194,29 @@ class PrefixCacheDiskTier : public ::testing::Test {
   std::vector<std::string> logged;
 };
 
+// A tail-mode request restored in replay mode gets the same state from either tier: the disk tier's
+// replay, like the RAM tier's, runs the decoder layers only from the prompt's tail on (it ran them on
+// every replayed token, so the two tiers answered a tail request differently). The prompt ends 8
+// tokens after the 256-token boundary, so its tail (the last window) starts inside the replayed
+// tokens and the first positions after the boundary see whether the rows before it exist.
+TEST_F(PrefixCacheDiskTier, ReplayHonoursTheTailStartInBothTiers) {
+  SessionOptions tail;
+  tail.prefill_mode = PrefillMode::Tail;
+  const std::vector<int32_t> stem = ids(300, 61), teacher = ids(8, 63);
+  const std::vector<int32_t> prompt = concat(std::vector<int32_t>(stem.begin(), stem.begin() + 256), ids(8, 62));
+  std::unique_ptr<PrefixCache> writer = make(uint64_t{1} << 30, CacheMode::Replay);
+  run(m, pools, writer.get(), stem, nullptr, tail);  // stores the stem in both tiers
+  CacheHit ram_hit, disk_hit;
+  const std::vector<float> ram = run_teacher(m, pools, writer.get(), prompt, teacher, &ram_hit, tail);
+  std::unique_ptr<PrefixCache> reader = make(uint64_t{1} << 30, CacheMode::Replay);  // a new process: files only
+  const std::vector<float> disk = run_teacher(m, pools, reader.get(), prompt, teacher, &disk_hit, tail);
+  ASSERT_EQ(ram_hit.source, "ram");
+  ASSERT_EQ(disk_hit.source, "disk");
+  EXPECT_EQ(ram_hit.cached_tokens, disk_hit.cached_tokens);
+  EXPECT_EQ(disk_hit.replayed_tokens, m.config().window_size);
+  EXPECT_EQ(disk, ram) << "the disk tier's replay must see the tail start as the RAM tier's does";
+}
+
 TEST_F(PrefixCacheDiskTier, BudgetEvictsTheLeastRecentlyUsed) {
   std::vector<std::vector<int32_t>> p;  // 130 tokens each: every store writes one 128-token entry
   for (uint32_t i = 0; i < 6; ++i) p.push_back(ids(130, 40 + i));

@@ -65,7 +65,7 @@ CacheHit PrefixCache::restore(const std::vector<int32_t>& prompt, SequenceState&
   if (mode_ == CacheMode::Exact) {  // only a boundary with a snapshot restores bit-identically
     while (blocks > 0 && !blocks_.at(m.path[blocks - 1]).snapshot) --blocks;
   }
-  if (disk_ && restore_from_disk(prompt, blocks * kTokensPerPage, state, hit)) return hit;
+  if (disk_ && restore_from_disk(prompt, blocks * kTokensPerPage, state, tail_start, hit)) return hit;
   if (blocks == 0) return hit;
 
   SequenceState st = model_.new_sequence(pools_);
@@ -98,7 +98,7 @@ CacheHit PrefixCache::restore(const std::vector<int32_t>& prompt, SequenceState&
 }
 
 bool PrefixCache::restore_from_disk(const std::vector<int32_t>& prompt, int64_t better_than, SequenceState& state,
-                                    CacheHit& hit) {
+                                    int64_t tail_start, CacheHit& hit) {
   const int64_t limit = usable_boundary(static_cast<int64_t>(prompt.size()));
   // The best entry is tried first; one that turns out gone or bad is forgotten by the folder, so the
   // next pass finds the next best and every bad file costs one read, once. Each pass but the last
@@ -125,7 +125,7 @@ bool PrefixCache::restore_from_disk(const std::vector<int32_t>& prompt, int64_t 
     }
     if (best.empty()) return false;
     try {
-      if (restore_entry(prompt, best, best_tokens, state, hit)) return true;
+      if (restore_entry(prompt, best, best_tokens, state, tail_start, hit)) return true;
     } catch (const std::exception& e) {  // e.g. no memory for a large entry: only the cache is skipped
       disk_->reject(best, std::string("restoring it failed: ") + e.what());
     }
@@ -134,7 +134,7 @@ bool PrefixCache::restore_from_disk(const std::vector<int32_t>& prompt, int64_t 
 }
 
 bool PrefixCache::restore_entry(const std::vector<int32_t>& prompt, const std::string& name, int64_t best_tokens,
-                                SequenceState& state, CacheHit& hit) {
+                                SequenceState& state, int64_t tail_start, CacheHit& hit) {
   const std::optional<CacheEntry> entry = disk_->read(name);  // gone or bad: logged and forgotten there
   if (!entry) return false;
   auto reject = [&](const std::string& reason) {
@@ -151,7 +151,7 @@ bool PrefixCache::restore_entry(const std::vector<int32_t>& prompt, const std::s
     if (!s) return reject("its window snapshot does not fit this model");
     s->apply_to(st);
   } else {
-    replay(prompt, best_tokens, st, -1, hit);
+    replay(prompt, best_tokens, st, tail_start, hit);  // as the RAM tier: decoder windows from the tail on
   }
   state = std::move(st);
   hit.cached_tokens = best_tokens;

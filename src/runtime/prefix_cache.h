@@ -80,9 +80,10 @@ class PrefixCache {
   void release(Block& block);
   void replay(const std::vector<int32_t>& prompt, int64_t boundary, SequenceState& state, int64_t tail_start,
               CacheHit& hit) const;
-  bool restore_from_disk(const std::vector<int32_t>& prompt, int64_t better_than, SequenceState& state, CacheHit& hit);
+  bool restore_from_disk(const std::vector<int32_t>& prompt, int64_t better_than, SequenceState& state, int64_t tail_start,
+                         CacheHit& hit);
   bool restore_entry(const std::vector<int32_t>& prompt, const std::string& name, int64_t best_tokens,
-                     SequenceState& state, CacheHit& hit);
+                     SequenceState& state, int64_t tail_start, CacheHit& hit);
 
   const Model& model_;
   StatePools& pools_;

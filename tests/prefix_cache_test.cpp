@@ -11,6 +11,8 @@
 #include <random>
 #include <set>
 
+#include "io/safetensors.h"
+#include "model/synthetic_checkpoint.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
@@ -172,7 +174,7 @@ class PrefixCacheDiskTier : public ::testing::Test {
   // The file an exact-mode store of `prompt` writes: its last whole block boundary.
   std::string name_of(const std::vector<int32_t>& prompt, const char* mode = "exact") const {
     const auto end = prompt.begin() + static_cast<long>(prompt.size() / kTokensPerPage * kTokensPerPage);
-    return cache_file_name(config_fingerprint(m.config()), mode, std::vector<int32_t>(prompt.begin(), end));
+    return cache_file_name(m.fingerprint(), mode, std::vector<int32_t>(prompt.begin(), end));
   }
   std::set<std::string> entries() const {
     std::set<std::string> names;
@@ -215,6 +217,33 @@ TEST_F(PrefixCacheDiskTier, ReplayHonoursTheTailStartInBothTiers) {
   EXPECT_EQ(ram_hit.cached_tokens, disk_hit.cached_tokens);
   EXPECT_EQ(disk_hit.replayed_tokens, m.config().window_size);
   EXPECT_EQ(disk, ram) << "the disk tier's replay must see the tail start as the RAM tier's does";
+}
+
+// The files are keyed on the weights, not only the geometry: a checkpoint with the same config and
+// other weights (another seed, as a fine-tune would be) has another fingerprint and restores nothing
+// from this model's files; the same checkpoint read again has the same one.
+TEST_F(PrefixCacheDiskTier, AnotherCheckpointOfTheSameConfigRestoresNothing) {
+  test::TempDir other_dir;
+  write_synthetic_checkpoint(other_dir.path(), "tiny", 1);
+  const std::unique_ptr<Model> other = load_model(other_dir.path());
+  ASSERT_EQ(config_fingerprint(other->config()), config_fingerprint(m.config()));
+  EXPECT_NE(other->fingerprint(), m.fingerprint());
+  EXPECT_EQ(load_model(test::tiny_model_dir())->fingerprint(), m.fingerprint());
+  EXPECT_EQ(Checkpoint(test::tiny_model_dir()).fingerprint(), Checkpoint(test::tiny_model_dir()).fingerprint());
+
+  const std::vector<int32_t> stem = ids(200, 71), prompt = concat(stem, ids(10, 72));
+  std::unique_ptr<PrefixCache> writer = make(uint64_t{1} << 30);
+  run(m, pools, writer.get(), stem);
+  ASSERT_FALSE(entries().empty());
+  StatePools other_pools(other->config(), other->roles(), other->backend().allocator());
+  PrefixCache reader(*other, other_pools, CacheMode::Exact, 64 << 20, folder, IndexKeysMode::Owner, {});
+  CacheHit hit;
+  run(*other, other_pools, &reader, prompt, &hit);
+  EXPECT_EQ(hit.source, "none") << "another checkpoint's entries must not restore";
+  CacheHit own;
+  std::unique_ptr<PrefixCache> again = make(uint64_t{1} << 30);
+  run(m, pools, again.get(), prompt, &own);
+  EXPECT_EQ(own.source, "disk") << "while this model's own files still do";
 }
 
 TEST_F(PrefixCacheDiskTier, BudgetEvictsTheLeastRecentlyUsed) {
@@ -433,9 +462,9 @@ TEST_F(PrefixCacheDisk, CorruptForeignAndOldFilesAreIgnoredAndRecomputed) {
   std::string version = good;
   version[8] = static_cast<char>(version[8] + 1);  // the u32 version after the 8-byte magic
   corrupt("other version", version);
-  // a file made by another model: the golden checkpoint's geometry
+  // a file made by another model: another fingerprint in its header
   std::string foreign = good;
-  auto pos = foreign.find(config_fingerprint(load_config(test::tiny_model_dir())));
+  auto pos = foreign.find(test::tiny_model().fingerprint());
   ASSERT_NE(pos, std::string::npos);
   foreign.replace(pos, 16, config_fingerprint(load_config(test::golden_dir("tiny-dense"))));
   corrupt("another model", foreign);

@@ -565,4 +565,12 @@ std::string config_fingerprint(const ModelConfig& c) {
   return hex;
 }
 
+std::string model_fingerprint(const ModelConfig& c, const std::string& checkpoint_fingerprint) {
+  const std::string text = config_fingerprint(c) + "/" + checkpoint_fingerprint;
+  XXH64_hash_t h = XXH3_64bits(text.data(), text.size());
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
 }  // namespace dsv41

@@ -110,5 +110,9 @@ nlohmann::json config_to_inference_json(const ModelConfig& config);
 nlohmann::json config_to_hf_json(const ModelConfig& config);
 // A stable identity of the model geometry (hex digest of the canonical inference JSON).
 std::string config_fingerprint(const ModelConfig& config);
+// What the prompt cache keys its files on: the config and the checkpoint's contents
+// (Checkpoint::fingerprint) together, so that a fine-tune with the released config does not accept
+// another model's entries. 16 hex digits.
+std::string model_fingerprint(const ModelConfig& config, const std::string& checkpoint_fingerprint);
 
 }  // namespace dsv41

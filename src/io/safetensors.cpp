@@ -1,11 +1,16 @@
 #include "io/safetensors.h"
 
+#include <xxhash.h>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
+#include <new>
 #include <fstream>
 #include <sstream>
 #include <system_error>
@@ -198,6 +203,29 @@ const TensorView& Checkpoint::expect(std::string_view name, DType dtype,
                          shape_string(shape) + " " + dtype_name(dtype));
   }
   return view;
+}
+
+std::string Checkpoint::fingerprint() const {
+  XXH3_state_t* state = XXH3_createState();
+  if (state == nullptr) throw std::bad_alloc();
+  XXH3_64bits_reset(state);
+  const auto add = [state](const void* p, size_t n) { XXH3_64bits_update(state, p, n); };
+  for (const auto& [name, view] : views_) {  // std::map: name order
+    add(name.data(), name.size() + 1);  // with the terminating 0, so names cannot run together
+    const int32_t dtype = static_cast<int32_t>(view->dtype());
+    add(&dtype, sizeof dtype);
+    for (int64_t d : view->shape()) add(&d, sizeof d);
+    const uint64_t bytes = view->nbytes();
+    add(&bytes, sizeof bytes);
+    const size_t head = std::min<size_t>(32, bytes);
+    add(view->data, head);
+    if (bytes > head) add(view->data + bytes - std::min<size_t>(32, bytes - head), std::min<size_t>(32, bytes - head));
+  }
+  const XXH64_hash_t h = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
 }
 
 }  // namespace dsv41

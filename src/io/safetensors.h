@@ -69,6 +69,10 @@ class Checkpoint {
   size_t tensor_count() const { return views_.size(); }
   std::vector<std::string> names() const;
   const TensorView* find(std::string_view name) const;
+  // 16 hex digits that tell this checkpoint's contents from another's with the same config (a
+  // fine-tune, another seed): XXH3 over every tensor's name, dtype, shape and size, in name order,
+  // and its first and last 32 bytes of data. It reads at most two pages per tensor, not the weights.
+  std::string fingerprint() const;
   // The tensor, or Error "<checkpoint>: missing tensor NAME".
   const TensorView& get(std::string_view name) const;
   // get() plus a dtype and shape check against what the config implies:

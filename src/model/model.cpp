@@ -82,7 +82,8 @@ Model::Model(std::shared_ptr<const Backend> backend, std::shared_ptr<const Model
       rope_window_(config().rope_head_dim, 0, config().rope_theta, config().rope_factor, config().beta_fast,
                    config().beta_slow),
       rope_compressed_(config().rope_head_dim, config().original_seq_len, config().compress_rope_theta,
-                       config().rope_factor, config().beta_fast, config().beta_slow) {
+                       config().rope_factor, config().beta_fast, config().beta_slow),
+      fingerprint_(model_fingerprint(config(), weights_->checkpoint().fingerprint())) {
   if (!backend_) fail("model", "needs a backend");
 }
 

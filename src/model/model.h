@@ -76,6 +76,9 @@ class Model {
   const std::vector<LayerRole>& roles() const { return roles_; }
   const ModelWeights& weights() const { return *weights_; }
   const Backend& backend() const { return *backend_; }
+  // The config and the checkpoint's contents in 16 hex digits (io/config.h model_fingerprint): what
+  // a prompt cache's files must carry to be this model's.
+  const std::string& fingerprint() const { return fingerprint_; }
   // The rotary table of a layer: compress theta with YaRN for ratio > 0, the base theta otherwise.
   const RopeTable& rope(int layer) const { return roles_[layer].compress_ratio > 0 ? rope_compressed_ : rope_window_; }
 
@@ -100,6 +103,7 @@ class Model {
   EngramHasher hasher_;
   RopeTable rope_window_;      // theta for ratio-0 layers, no YaRN
   RopeTable rope_compressed_;  // compress theta with YaRN for ratio > 0 layers
+  std::string fingerprint_;
 };
 
 struct ModelOptions {

@@ -17,7 +17,7 @@ PrefixCache::PrefixCache(const Model& model, StatePools& pools, CacheMode mode, 
     if (r.kv_source) sources_.push_back(r.layer);
   }
   if (!disk_dir.empty()) {
-    disk_ = std::make_unique<CacheFolder>(std::move(disk_dir), config_fingerprint(model.config()),
+    disk_ = std::make_unique<CacheFolder>(std::move(disk_dir), model.fingerprint(),
                                           cache_mode_name(mode), disk.budget_bytes, std::move(disk.log));
   }
 }
@@ -197,7 +197,7 @@ uint64_t PrefixCache::store(const std::vector<int32_t>& tokens, const SequenceSt
   if (!disk_) return 0;
 
   CacheEntry e;
-  e.model_fingerprint = config_fingerprint(model_.config());
+  e.model_fingerprint = model_.fingerprint();
   e.mode = cache_mode_name(mode_);
   e.tokens = tokens;
   e.sections = global_row_sections(st);

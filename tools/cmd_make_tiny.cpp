@@ -23,7 +23,10 @@ bool wants_help(int argc, char** argv) {
 int run_make_tiny(int argc, char** argv) {
   if (wants_help(argc, argv)) {
     std::puts(
-        "usage: dsv41 make-tiny --out DIR [--preset tiny|small|bench] [--seed N] [--tokenizer FILE]\n\n"
+        "usage: dsv41 make-tiny --out DIR [--preset tiny|small|bench|long] [--seed N] [--tokenizer FILE]\n\n"
+        "Presets: tiny (hidden 128, 4K positions), small (hidden 512), bench (the released per-layer\n"
+        "widths, 8 layers), long (tiny's widths with the released 128-token window, 1M positions, top-k 64\n"
+        "and a 256-block pool: selection is sparse from a few thousand tokens on).\n"
         "Writes a complete checkpoint with seeded random weights in the released layout: config.json,\n"
         "inference/config.json, tokenizer.json, sharded safetensors with model.safetensors.index.json,\n"
         "FP8 dense weights with 32x32 UE8M0 scales, MXFP4 experts, FP8 Engram tables, mtp.* DSpark blocks.\n"

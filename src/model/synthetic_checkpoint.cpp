@@ -126,7 +126,7 @@ ModelConfig base_config(int64_t vocab, int64_t dim, int64_t inter, int n_heads, 
 }  // namespace
 
 const std::vector<std::string>& synthetic_presets() {
-  static const std::vector<std::string> presets = {"tiny", "small", "bench"};
+  static const std::vector<std::string> presets = {"tiny", "small", "bench", "long"};
   return presets;
 }
 
@@ -135,8 +135,8 @@ namespace {
 // The preset's geometry and layer plan; the tokenizer-derived values are filled in by the caller.
 ModelConfig preset_geometry(const std::string& preset) {
   ModelConfig c;
-  if (preset == "tiny" || preset == "small") {
-    const bool tiny = preset == "tiny";
+  if (preset == "tiny" || preset == "small" || preset == "long") {
+    const bool tiny = preset != "small";
     c = tiny ? base_config(1024, 128, 64, 4, 64, 16, 64, 2, 32, 16)
              : base_config(4096, 512, 256, 8, 128, 32, 256, 4, 128, 32);
     // Layer plan: 0-1 SWA only; 2 Full r=2 (+ Reuse 3); 4 a second Full r=2 (+ Reuse 5);
@@ -166,6 +166,17 @@ ModelConfig preset_geometry(const std::string& preset) {
     c.dspark_markov_rank = tiny ? 32 : 64;
     c.dspark_n_routed_experts = tiny ? 4 : 8;
     c.dspark_n_activated_experts = 2;
+    if (preset == "long") {
+      // Agent-scale contexts on tiny widths: the released 128-token window and 1M positions, with
+      // top-k and the candidate pool scaled so that selection is sparse from a few thousand tokens on
+      // (a ratio-1 source has 2048 rows at 2K tokens; the pool keeps 256 blocks of 8, top-k 64).
+      c.window_size = 128;
+      c.original_seq_len = 65536;
+      c.max_seq_len = 1048576;
+      c.index_topk = 64;
+      c.candidate_topk_blocks = 256;
+      c.candidate_block_size = 8;
+    }
   } else if (preset == "bench") {
     // Released per-layer widths; 8 backbone layers keeping each role, 16 experts (top-6 as released).
     c = base_config(32768, 5120, 2304, 64, 512, 64, 1280, 8, 1024, 128);
@@ -195,7 +206,7 @@ ModelConfig preset_geometry(const std::string& preset) {
     c.dspark_n_routed_experts = 8;
     c.dspark_n_activated_experts = 3;
   } else {
-    fail("--preset", "unknown preset \"" + preset + "\" (expected tiny, small or bench)");
+    fail("--preset", "unknown preset \"" + preset + "\" (expected tiny, small, bench or long)");
   }
   c.source = "preset " + preset;
   return c;
@@ -239,7 +250,7 @@ void write_synthetic_checkpoint(const std::string& dir, const std::string& prese
                                 const json& tokenizer) {
   const ModelConfig c = synthetic_config(preset, tokenizer);
   // Shards small enough that even the tiny model has several, as the release does.
-  const uint64_t shard_bytes = preset == "tiny" ? (1u << 20) : preset == "small" ? (64u << 20) : (2ull << 30);
+  const uint64_t shard_bytes = preset == "tiny" || preset == "long" ? (1u << 20) : preset == "small" ? (64u << 20) : (2ull << 30);
   write_checkpoint(dir, c, tokenizer, shard_bytes, [&](const TensorSpec& s, int64_t count) {
     return random_values(s, c, seed, count);
   });

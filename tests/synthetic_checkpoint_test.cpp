@@ -73,6 +73,27 @@ TEST(SyntheticCheckpoint, BenchPresetHasReleasedWidthsAndFitsInMemory) {
   EXPECT_THROW(synthetic_config("huge"), Error);
 }
 
+// The context's FLOPs, counted by hand on the tiny preset for a 4-token prompt (window 16, ratios
+// 0,0,2,2,2,2,1,1,1,1,1,1; index sources 2,4,6 and the candidate users 8,10; top-k 8, pool 4×4;
+// 4 heads of 64, 2 index heads of 32). Window rows: 1+2+3+4 = 10 per layer, 120 in all; compressed
+// rows visible at positions 0..3: 0,1,1,2 (ratio 2, 4 layers: 16) and 1,2,3,4 (ratio 1, 6 layers:
+// 60); attention 4·4·64 = 1024 FLOPs per row. Scored index rows: 4 + 4 (layers 2, 4), 10 (6), 10 +
+// 10 (8, 10: inside their 16-row pool); 2·2·32 = 128 FLOPs per row. With 4 tokens inside the window
+// tail mode runs every query too. The long preset's candidate users then score at most their pool.
+TEST(SyntheticCheckpoint, ContextFlopsAreTheIndexerAndAttentionRows) {
+  const ModelConfig c = synthetic_config("tiny");
+  const double want = (120 + 16 + 60) * 1024.0 + (4 + 4 + 10 + 10 + 10) * 128.0;
+  EXPECT_DOUBLE_EQ(context_flops(c, 4, false), want);
+  EXPECT_DOUBLE_EQ(context_flops(c, 4, true), want);
+  EXPECT_LT(context_flops(c, 400, true), context_flops(c, 400, false)) << "the late layers skip the early queries";
+  // The long preset's query at position 20000 (window 128, top-k 64, pool 256×8 = 2048): attention
+  // over 128 window rows in the 2 SWA layers and 128 + 64 in the 10 compressed ones (2176 rows);
+  // scores over 20001/2 = 10000 rows in each ratio-2 source, 20001 in the ratio-1 source and only the
+  // 2048-row pool in each candidate user (44097 rows), not the 20001 rows of the history.
+  const ModelConfig l = synthetic_config("long");
+  EXPECT_DOUBLE_EQ(context_flops(l, 20001, false) - context_flops(l, 20000, false), 2176 * 1024.0 + 44097 * 128.0);
+}
+
 TEST(SyntheticCheckpoint, ReadsBackAndMatchesItsConfig) {
   const std::string& dir = test::tiny_model_dir();
   ModelConfig c = load_config(dir);

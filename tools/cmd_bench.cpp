@@ -190,12 +190,15 @@ nlohmann::json bench_cold_prefill(const std::string& dir, const std::shared_ptr<
       r.prefill_mode = mode;
       const Timed t = run_request(e, std::move(r));
       const double secs = between(t.submitted, t.tokens.front());  // the prefill and its first token
-      // FLOPs: 2 per active weight per row; tail mode runs the late layers on `window` rows only
+      // FLOPs: 2 per active weight per row (tail mode runs the late layers on `window` rows only),
+      // plus the indexer's scoring and the attention, which grow with the context (context_flops)
       const double late = static_cast<double>(p.active_decode) - head - static_cast<double>(p.active_prefill);
       const double rows_late = mode == PrefillMode::Tail ? std::min<double>(static_cast<double>(n), c.window_size) : static_cast<double>(n);
-      const double flops = 2.0 * (static_cast<double>(p.active_prefill) * static_cast<double>(n) + late * rows_late + head);
+      const double context = context_flops(c, n, mode == PrefillMode::Tail);
+      const double flops = 2.0 * (static_cast<double>(p.active_prefill) * static_cast<double>(n) + late * rows_late + head) + context;
       const double tok_s = static_cast<double>(n) / secs;
       out.push_back({{"prompt_tokens", n}, {"mode", mode == PrefillMode::Exact ? "exact" : "tail"}, {"tok_s", tok_s},
+                     {"flops", flops}, {"context_flops_share", context / flops},
                      {"flops_efficiency", flops / secs / (lim.peak_gflops * 1e9)}});
       std::fprintf(stderr, "  cold prefill %lld tokens (%s): %.1f tok/s\n", static_cast<long long>(n),
                    mode == PrefillMode::Exact ? "exact" : "tail", tok_s);

@@ -1,5 +1,7 @@
 #include "model/model_stats.h"
 
+#include <algorithm>
+
 #include "io/layer_roles.h"
 #include "model/tensor_layout.h"
 
@@ -34,6 +36,27 @@ ParamCounts count_params(const ModelConfig& c) {
     if (roles[s.layer].encoder) p.active_prefill += active;
   }
   return p;
+}
+
+double context_flops(const ModelConfig& c, int64_t n, bool tail) {
+  const int late = late_layer_start(c);
+  const double index_per_row = 2.0 * static_cast<double>(c.index_n_heads * c.index_head_dim);
+  const double attention_per_row = 4.0 * static_cast<double>(c.n_heads * c.head_dim);
+  const int64_t pool = c.candidate_topk_blocks * c.candidate_block_size;
+  double flops = 0;
+  for (const LayerRole& r : derive_layer_roles(c)) {
+    if (r.dspark) continue;
+    const int64_t first = tail && r.layer >= late ? std::max<int64_t>(0, n - c.window_size) : 0;
+    for (int64_t p = first; p < n; ++p) {
+      const int64_t visible = r.compress_ratio > 0 ? (p + 1) / r.compress_ratio : 0;  // compressed rows so far
+      const int64_t attended = std::min<int64_t>(c.window_size, p + 1) + std::min<int64_t>(c.index_topk, visible);
+      flops += attention_per_row * static_cast<double>(attended);
+      if (r.index_source) {
+        flops += index_per_row * static_cast<double>(r.candidate_user ? std::min(visible, pool) : visible);
+      }
+    }
+  }
+  return flops;
 }
 
 }  // namespace dsv41

@@ -20,4 +20,12 @@ struct ParamCounts {
 // for decode, the LM head; the embedding lookup (one row) and the drafter are left out.
 ParamCounts count_params(const ModelConfig& config);
 
+// FLOPs of a prefill of `prompt_tokens` beyond the weights' (2 per active weight per row, above): the
+// work that grows with the context. Per query and layer: the indexer's scores, 2·index_n_heads·
+// index_head_dim per scored compressed row (every visible row; a candidate user only its pool), and
+// the attention, 4·n_heads·head_dim per attended row (QK and PV over the shared latent: the window's
+// rows plus min(top-k, visible) compressed ones). In tail mode the layers from late_layer_start on
+// run for the last `window` queries only. The drafter is left out.
+double context_flops(const ModelConfig& config, int64_t prompt_tokens, bool tail);
+
 }  // namespace dsv41

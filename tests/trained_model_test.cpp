@@ -101,6 +101,9 @@ TEST(TrainedModel, ContextsRestoredFromThePromptCache) {
   bad = test::run_dsv41("ppl -m " + model_dir() + " -f " + model_dir() + "/heldout.txt --ctx 100 --stride 60 --restore exact");
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.out.find("--restore: needs a context"), std::string::npos) << bad.out;
+  bad = test::run_dsv41("ppl -m " + model_dir() + " -f " + model_dir() + "/heldout.txt --restore exact --prefill-mode tail");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("--restore: exact needs --prefill-mode exact"), std::string::npos) << bad.out;
 }
 
 TEST(TrainedModel, WritesWordsOfTheCorpus) {

@@ -82,6 +82,9 @@ int run_ppl(int argc, char** argv) {
   }
   const int64_t context = ctx - stride;  // tokens of a window before the scored ones, BOS included
   const int64_t cached = context / kTokensPerPage * kTokensPerPage;  // what a window restores
+  if (restore == "exact" && mode == "tail") {  // a tail prefill's windows are not exact: never cached as such
+    fail("--restore", "exact needs --prefill-mode exact (a tail-mode context leaves no exact entry to restore)");
+  }
   if (restore != "none" && cached == 0) {
     fail("--restore", "needs a context (--ctx minus --stride) of at least one cache block of " +
                           std::to_string(kTokensPerPage) + " tokens, got " + std::to_string(context));

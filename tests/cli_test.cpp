@@ -528,14 +528,14 @@ TEST(CliBench, GemmIsReportedAgainstTheRegisterOnlyPeaks) {
     EXPECT_EQ(g["m"], i % 2 == 0 ? 1 : 16);
     EXPECT_GT(g["gflops"].get<double>(), 0) << g;
     EXPECT_DOUBLE_EQ(g["efficiency"].get<double>(), g["gflops"].get<double>() / best) << g;
-    EXPECT_LT(g["efficiency"].get<double>(), 1.1) << "a kernel above the register-only peak means a miscounted peak: " << g;
     const std::string unit = unit_of.at(g["level"].get<std::string>());
     ASSERT_EQ(g["unit"], unit) << g;
     EXPECT_DOUBLE_EQ(g["unit_efficiency"].get<double>(), g["gflops"].get<double>() / peaks[unit].get<double>()) << g;
-    // Against the unit's one-core peak times the cores: the all-core figure of a slower unit leaves
-    // little headroom when other tests share a core while it is measured (1.30 seen under ctest -j2).
+    // No kernel runs above its unit's peak. The bound is the one-core peak times the cores: an
+    // all-core figure measured while other tests share the cores can be far below the machine's (a
+    // GEMM at 1.19 and 1.30 of one was seen under ctest -j2 with other jobs running).
     EXPECT_LT(g["gflops"].get<double>(), 1.1 * cores * machine["peaks_per_core"][unit].get<double>())
-        << "above the peak of the unit it computes on: " << g;
+        << "a kernel above the register-only peak of the unit it computes on means a miscounted peak: " << g;
   }
   auto bad = test::run_dsv41("bench -m " + test::tiny_model_dir() + " --scenario gemm --gemm-rows 16,x");
   EXPECT_NE(bad.status, 0);

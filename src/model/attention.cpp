@@ -328,8 +328,11 @@ void sparse_attention_per_query(const Backend& be, const ModelConfig& c, const L
       if (p < 0 || p > pos || p < st.window_from[r.layer]) return nullptr;
       return p >= ctx.start ? &packed[(p - ctx.start) * wrb] : &ring[(p % W) * wrb];
     };
-    if (ctx.start == 0) {  // prefill layout: ascending from the window start, -1 padding at the end
-      const int64_t width = std::min(s, W), first = std::max<int64_t>(0, pos - W + 1);
+    // The prefill layout for a one-shot prefill (ForwardOptions::prefill_length: also for a prefill's
+    // later chunks); the two coincide wherever the window is full.
+    const int64_t prompt = ctx.prefill_length >= 0 ? ctx.prefill_length : ctx.start == 0 ? s : -1;
+    if (prompt >= 0) {  // prefill layout: ascending from the window start, -1 padding at the end
+      const int64_t width = std::min(prompt, W), first = std::max<int64_t>(0, pos - W + 1);
       for (int64_t j = 0; j < width; ++j) window.push_back(row_at(first + j));
     } else {  // decode layout: the whole ring oldest first, unfilled slots (-1) at the start
       for (int64_t j = 0; j < W; ++j) window.push_back(row_at(pos - W + 1 + j));

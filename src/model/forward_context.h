@@ -39,6 +39,7 @@ struct TeacherForcing {
 struct ForwardContext {
   int64_t start = 0;  // position of the first token of this call
   int64_t count = 0;  // tokens in this call
+  int64_t prefill_length = -1;  // ForwardOptions::prefill_length (-1 for a tail call's late layers)
   IndexKeysMode index_keys = IndexKeysMode::Owner;
   TopkTies topk_ties = TopkTies::LowerIndexFirst;
   bool replay = false;  // global rows are read-only: KV sources do not compress or publish

@@ -167,6 +167,7 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
     }
     ctx.start = call.state->length();
     ctx.count = run.count;
+    ctx.prefill_length = opt.prefill_length;
     ctx.index_keys = opt.index_keys;
     ctx.topk_ties = opt.topk_ties;
     ctx.replay = opt.replay;
@@ -245,12 +246,16 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
       // layers published per query is trimmed to the tail's queries.
       std::vector<int64_t> kept;
       int64_t row0 = 0;
-      for (CallRows& run : runs) {
+      for (size_t k = 0; k < runs.size(); ++k) {
+        CallRows& run = runs[k];
         for (int64_t i = run.late_first; i < run.count; ++i) kept.push_back(run.row0 + i);
         const int64_t first = run.late_first;
         run.kept_from = first;
         run.row0 = row0;
         row0 += run.rows();
+        // A one-shot tail-mode prefill runs the late layers from its tail start on, a later position,
+        // so in the decode layout: so does every call of a chunked one.
+        if (calls[k].options.tail_start > 0) run.ctx.prefill_length = -1;
         if (first == 0 || first == run.count) continue;
         run.ctx.start += first;
         run.ctx.count -= first;

@@ -40,6 +40,15 @@ struct ForwardOptions {
   // (the prompt's last rows), and their windows start there. -1: every layer on every token (exact).
   // A call that ends before tail_start produces no logits.
   int64_t tail_start = -1;
+  // The length, from position 0, of the prompt this call is a part of (a chunk of a prefill, the
+  // rest of a prompt after a cache restore): its positions before the window fills then get the list
+  // layout a one-shot prefill of that prompt gives them (ascending, padding at the end, width
+  // min(length, window)) instead of the decode layout (the ring oldest first, padding at the start),
+  // so a prefill in any chunks, or restored at any block, computes the one-shot prefill's bits. The two
+  // layouts hold the same rows and differ in rounding only once a list spans several 64-row softmax
+  // chunks (window 128). -1: a call starting at 0 is a one-shot prefill of its tokens, any other call
+  // decodes (the reference's decode layout, which a verification must also reproduce).
+  int64_t prefill_length = -1;
   bool capture_index = false;  // keep every index source's scores, selections and candidate pool
   // Bounded replay (model-spec §5): the tokens are re-run only to rebuild windows; the global rows of
   // these positions already exist and are read, never rewritten.

@@ -50,8 +50,14 @@ void PrefixCache::replay(const std::vector<int32_t>& prompt, int64_t boundary, S
   opt.replay = true;
   opt.index_keys = index_keys_;
   opt.tail_start = tail_start;  // decoder windows only where the prompt's tail begins, as in tail mode
+  opt.prefill_length = static_cast<int64_t>(prompt.size());  // the lists a one-shot prefill gives them
   model_.forward(st, std::vector<int32_t>(prompt.begin() + start, prompt.begin() + boundary), opt);
   hit.replayed_tokens = replayed;
+}
+
+int64_t PrefixCache::store_boundary(int64_t n) const {
+  const int64_t b = usable_boundary(n);
+  return mode_ == CacheMode::Exact && b < model_.config().window_size ? -1 : b;
 }
 
 CacheHit PrefixCache::restore(const std::vector<int32_t>& prompt, SequenceState& state, int64_t tail_start) {

@@ -54,6 +54,11 @@ class PrefixCache {
   // The longest block boundary the cache may restore for a prompt of `n` tokens: at least one token
   // is always computed, so the first sampled token has fresh logits.
   static int64_t usable_boundary(int64_t n) { return ((n - 1) / kTokensPerPage) * kTokensPerPage; }
+  // Where a prompt of `n` tokens should be stored: its usable boundary, except that an exact-mode
+  // cache takes none inside the first window (-1). A prefill's lists there are as wide as its prompt
+  // (ForwardOptions::prefill_length), so a snapshot made there belongs to its own prompt's length and
+  // would not restore another prompt's bits; from the first full window on every prompt's agree.
+  int64_t store_boundary(int64_t n) const;
 
   // Restores the longest usable cached prefix of `prompt` into `state` (a fresh sequence). In replay
   // mode this runs the bounded replay; `tail_start` is where the prompt's tail (the decoder's rows)

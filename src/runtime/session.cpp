@@ -18,6 +18,7 @@ void Session::begin_prefill(const std::vector<int32_t>& tokens) {
   pending_opt_ = {};
   pending_opt_.index_keys = options_.index_keys;
   pending_opt_.dspark_taps = static_cast<bool>(observer_);
+  pending_opt_.prefill_length = origin + n;  // every chunk, and a restored prompt's rest, as one-shot
   if (options_.prefill_mode == PrefillMode::Tail) {
     // CED: the layers after the last KV source only need the prompt's last `window` rows
     pending_opt_.tail_start = std::max<int64_t>(origin, origin + n - model_.config().window_size);
@@ -33,7 +34,7 @@ void Session::begin_prefill(const std::vector<int32_t>& tokens) {
   // does not take it; a replay-mode one keeps only the global rows, which tail mode computes exactly.
   const bool storable =
       caching && (options_.prefill_mode == PrefillMode::Exact || cache_->mode() == CacheMode::Replay);
-  store_at_ = storable ? PrefixCache::usable_boundary(n) : -1;
+  store_at_ = storable ? cache_->store_boundary(n) : -1;
   pending_ = tokens;
   pending_origin_ = origin;
   pending_done_ = state_.length() - origin;

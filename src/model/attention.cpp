@@ -6,8 +6,8 @@
 #include <limits>
 
 #include "numeric/row_codecs.h"
-#include "util/error.h"
 #include "state/sequence_access.h"
+#include "util/error.h"
 
 namespace dsv41 {
 

@@ -5,8 +5,8 @@
 
 #include "model/blocks.h"
 #include "numeric/row_codecs.h"
-#include "util/error.h"
 #include "state/sequence_access.h"
+#include "util/error.h"
 
 namespace dsv41 {
 

@@ -253,8 +253,8 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
         run.kept_from = first;
         run.row0 = row0;
         row0 += run.rows();
-        // A one-shot tail-mode prefill runs the late layers from its tail start on, a later position,
-        // so in the decode layout: so does every call of a chunked one.
+        // A one-shot tail-mode prefill runs its late layers from the tail's start, a call that does not
+        // start at 0, so in the decode layout; each chunk of a chunked one does the same.
         if (calls[k].options.tail_start > 0) run.ctx.prefill_length = -1;
         if (first == 0 || first == run.count) continue;
         run.ctx.start += first;

@@ -203,6 +203,19 @@ TEST(PagedRows, AppendAcrossPageBoundaries) {
   EXPECT_EQ(rows.row(2), pool.data(rows.pages()[1]));
 }
 
+TEST(PagedRows, RowAddressesAreTheRowsAPageAtATime) {
+  PagePool pool(host_memory, "kv", 64, 0);
+  PagedRows rows(pool, 24);
+  for (int i = 0; i < 5; ++i) rows.append();
+  for (int64_t n = 0; n <= 5; ++n) {
+    std::vector<const uint8_t*> at(static_cast<size_t>(n));
+    rows.row_addresses(n, at.data());
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(at[static_cast<size_t>(i)], rows.row(i)) << n << " " << i;
+  }
+  const uint8_t* six[6];
+  EXPECT_NE(error_of([&] { rows.row_addresses(6, six); }).find("have 5"), std::string::npos);
+}
+
 TEST(PagedRows, RowMustFitAPage) {
   PagePool pool(host_memory, "kv", 64, 0);
   EXPECT_NE(error_of([&] { PagedRows r(pool, 65); }).find("does not fit"), std::string::npos);

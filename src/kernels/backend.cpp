@@ -7,6 +7,7 @@
 #include "kernels/linear_internal.h"
 #include "kernels/mhc_step.h"
 #include "kernels/reference.h"
+#include "kernels/topk_threshold.h"
 #include "util/error.h"
 
 namespace dsv41 {
@@ -72,6 +73,8 @@ void Backend::index_scores_in_pool(const float* q, const float* weights, int64_t
   reference::index_scores_in_pool(q, weights, nq, nh, K, keys, n_keys, visible, pools, block_size, scores);
 }
 std::vector<int32_t> Backend::topk_ascending(const float* scores, int64_t n, int64_t k, TopkTies ties) const {
+  // torch's choice among ties follows its algorithm step by step: only the reference reproduces it
+  if (ties == TopkTies::LowerIndexFirst) return topk_by_threshold(scores, n, k);
   return reference::topk_ascending(scores, n, k, ties);
 }
 std::vector<int32_t> Backend::select_candidate_blocks(const float* scores, int64_t n, int64_t visible,

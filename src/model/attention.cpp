@@ -201,7 +201,7 @@ void run_indexer(const Backend& be, const ModelConfig& c, const LayerRole& r, co
   // The ops read the packed rows in place, and each query's keys up to the ones it can see (a row is
   // visible once its group is complete); the rest score -inf.
   std::vector<const uint8_t*> key_rows(static_cast<size_t>(n_keys));
-  for (int64_t t = 0; t < n_keys; ++t) key_rows[t] = keys.row(t);
+  keys.row_addresses(n_keys, key_rows.data());
   std::vector<int64_t> visible_keys(static_cast<size_t>(s));
   for (int64_t i = 0; i < s; ++i) visible_keys[i] = (ctx.start + i + 1) / ratio;
   const int64_t bs = c.candidate_block_size;

@@ -1,5 +1,6 @@
 #include "state/paged_rows.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -71,6 +72,16 @@ void PagedRows::check_index(int64_t i, const char* op) const {
 const uint8_t* PagedRows::row(int64_t i) const {
   check_index(i, "row");
   return row_in_page(pages_[static_cast<size_t>(i) / rows_per_page_], i);
+}
+
+void PagedRows::row_addresses(int64_t n, const uint8_t** out) const {
+  if (n < 0 || n > size_)
+    fail(pool_->name(), "row_addresses of " + std::to_string(n) + " rows, have " + std::to_string(size_));
+  for (int64_t first = 0; first < n; first += static_cast<int64_t>(rows_per_page_)) {
+    const uint8_t* page = pool_->data(pages_[static_cast<size_t>(first) / rows_per_page_]);
+    const int64_t last = std::min(n, first + static_cast<int64_t>(rows_per_page_));
+    for (int64_t i = first; i < last; ++i) out[i] = page + static_cast<size_t>(i - first) * row_bytes_;
+  }
 }
 
 uint8_t* PagedRows::append() {

@@ -35,6 +35,9 @@ class PagedRows {
 
   // Read access; Error when i is outside [0, size()).
   const uint8_t* row(int64_t i) const;
+  // The addresses of rows [0, n) into out[0, n), a page at a time (the indexer reads every row of a
+  // long history each step: one check per page, not per row). Error when n > size().
+  void row_addresses(int64_t n, const uint8_t** out) const;
   // Adds a zeroed row and returns its bytes. Valid until the next call that changes this array.
   uint8_t* append();
   // Write access to an existing row; copies its page first if another holder shares it.

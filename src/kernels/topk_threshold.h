@@ -1,0 +1,16 @@
+// Top-k under the strict lower-index-first order by one pass with a running threshold.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace dsv41 {
+
+// The indices of the k best of `scores` (NaN-free) under "higher score first, the lower index among
+// equal scores", ascending. The order is total, so the set is unique and this equals
+// reference::topk_ascending(..., TopkTies::LowerIndexFirst) exactly; the work is one pass over n
+// scores plus a heap update per score that enters the running top k (about k·ln(n/k) on
+// unordered scores), where nth_element moves indices about all n.
+std::vector<int32_t> topk_by_threshold(const float* scores, int64_t n, int64_t k);
+
+}  // namespace dsv41

@@ -477,6 +477,56 @@ TEST(CliBench, AllScenariosReportAgainstTheMeasuredLimits) {
   EXPECT_NE(text.find("decode roofline"), std::string::npos);
 }
 
+// The long-context scenario on the long preset at lengths CI can afford: every length asked for, in
+// the JSON layout documented in `bench --help`; the prefix hit restores the whole history asked for
+// (a multiple of the cache block) and computes only the new tokens, so it beats the cold prefill of
+// the same prompt on every tier and mode; the plot is cost per token with decode's floor. A model
+// without the positions is refused before anything runs, naming what it has.
+TEST(CliBench, LongContextReportsTheAgentsShape) {
+  test::TempDir dir;
+  auto r = test::run_dsv41("bench -m " + test::long_model_dir() +
+                           " --scenario long-context --long-prefill 512,2048 --long-decode 256,2048 --long-cached 2048"
+                           " --long-new 64 --steps 4 --json --plot " + (dir / "lc.svg"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  const auto& lc = j["long_context"];
+  ASSERT_EQ(lc["prefill"].size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    const auto& p = lc["prefill"][i];
+    EXPECT_EQ(p["prompt_tokens"], i < 2 ? 512 : 2048) << p;
+    EXPECT_EQ(p["mode"], i % 2 == 0 ? "exact" : "tail") << p;
+    EXPECT_GT(p["tok_s"].get<double>(), 0) << p;
+    EXPECT_GT(p["flops_efficiency"].get<double>(), 0) << p;
+    EXPECT_LT(p["flops_efficiency"].get<double>(), 1.1) << "above the register-only peak: a miscount " << p;
+  }
+  ASSERT_EQ(lc["decode"].size(), 2u);
+  EXPECT_EQ(lc["decode"][0]["context"], 256);
+  EXPECT_EQ(lc["decode"][1]["context"], 2048);
+  for (const auto& d : lc["decode"]) EXPECT_GT(d["tok_s"].get<double>(), 0) << d;
+  ASSERT_EQ(lc["prefix_hit"].size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    const auto& h = lc["prefix_hit"][i];
+    EXPECT_EQ(h["tier"], i < 2 ? "ram" : "disk") << h;
+    EXPECT_EQ(h["mode"], i % 2 == 0 ? "exact" : "replay") << h;
+    EXPECT_EQ(h["cached_tokens"], 2048) << h;
+    EXPECT_EQ(h["new_tokens"], 64) << h;
+    // 64 new tokens (and a replay of the window) against 2112 cold ones: measured 10-30x here
+    EXPECT_GT(h["speedup"].get<double>(), 2) << h;
+    EXPECT_DOUBLE_EQ(h["speedup"].get<double>(), h["cold_ttft_s"].get<double>() / h["ttft_s"].get<double>()) << h;
+  }
+  std::ifstream svg(dir / "lc.svg");
+  const std::string text((std::istreambuf_iterator<char>(svg)), {});
+  size_t lines = 0;
+  for (size_t at = text.find("<polyline"); at != std::string::npos; at = text.find("<polyline", at + 1)) ++lines;
+  EXPECT_EQ(lines, 3u) << text;
+  EXPECT_NE(text.find("ms per token"), std::string::npos);
+  EXPECT_NE(text.find("decode floor"), std::string::npos);
+
+  auto short_model = test::run_dsv41("bench -m " + test::tiny_model_dir() + " --scenario long-context");
+  EXPECT_NE(short_model.status, 0);
+  EXPECT_NE(short_model.out.find("needs 33024 positions but the model has 4096"), std::string::npos) << short_model.out;
+}
+
 // The peaks are the hardware's, one per unit the CPU has, and consistent with themselves: all cores
 // at least one core, at most cores × one core; the GEMM rows are the kernels' measured rates at the
 // released shapes, at every SIMD level the machine runs, over the best peak and over the peak of the

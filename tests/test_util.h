@@ -89,6 +89,15 @@ inline const std::string& tiny_model_dir() {
   return dir.path();
 }
 
+// The long-context preset (1M positions, sparse selection from a few thousand tokens on), written
+// once per test process.
+inline const std::string& long_model_dir() {
+  static TempDir dir;
+  static const bool written = (write_synthetic_checkpoint(dir.path(), "long", 0), true);
+  (void)written;
+  return dir.path();
+}
+
 // The tiny preset loaded once per test process.
 inline const Model& tiny_model() {
   static std::unique_ptr<Model> model = load_model(tiny_model_dir());

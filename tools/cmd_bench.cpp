@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -271,12 +272,17 @@ nlohmann::json bench_gemm(const Backend& backend, const std::vector<int64_t>& ro
   return out;
 }
 
-// Time to first token when the first 90% of the prompt is cached, against a cold prefill: the stem
-// is run (prefill only) through an engine with a prompt cache, then the whole prompt through the same
-// engine (RAM tier) or through a new engine on the cache's folder (disk tier: only the files remain).
-nlohmann::json bench_prefix_hit(const std::string& dir, const std::shared_ptr<const Model>& m, int64_t n) {
-  const std::vector<int32_t> prompt = random_prompt(n, m->config().vocab_size, 3);
-  const std::vector<int32_t> stem(prompt.begin(), prompt.begin() + n * 9 / 10);
+// Time to first token with the first `cached` tokens of a prompt of `cached + fresh` in the prompt
+// cache, against that prompt's cold prefill: the stem is run (prefill only) through an engine with a
+// prompt cache, then the whole prompt through the same engine (RAM tier) or through a new engine on
+// the cache's folder (disk tier: only the files remain). `cached_tokens` is what the engine restored:
+// a prompt's state is stored at its last whole cache block short of its last token (which must run
+// for its logits), so the stem is one token longer than `cached`, as an agent's previous turn (its
+// prompt and its answer) is longer than the history the next turn resends.
+nlohmann::json bench_prefix_hit(const std::string& dir, const std::shared_ptr<const Model>& m, int64_t cached,
+                                int64_t fresh) {
+  const std::vector<int32_t> prompt = random_prompt(cached + fresh, m->config().vocab_size, 3);
+  const std::vector<int32_t> stem(prompt.begin(), prompt.begin() + std::min(cached + 1, cached + fresh));
   auto ttft = [&](Engine& e) {
     const Timed t = run_request(e, bench_request(prompt, 1));
     return std::pair<double, int64_t>{between(t.submitted, t.tokens.front()), t.last.cached_tokens};
@@ -306,14 +312,37 @@ nlohmann::json bench_prefix_hit(const std::string& dir, const std::shared_ptr<co
         Engine reader(eo);
         hit = ttft(reader);
       }
-      out.push_back({{"prompt_tokens", n}, {"cached_tokens", hit.second}, {"tier", tier},
-                     {"mode", cache_mode_name(mode)}, {"ttft_s", hit.first}, {"cold_ttft_s", cold},
-                     {"speedup", cold / hit.first}});
-      std::fprintf(stderr, "  prefix hit %s/%s: %.3f s vs cold %.3f s\n", tier, cache_mode_name(mode), hit.first, cold);
+      out.push_back({{"prompt_tokens", cached + fresh}, {"cached_tokens", hit.second},
+                     {"new_tokens", cached + fresh - hit.second}, {"tier", tier}, {"mode", cache_mode_name(mode)},
+                     {"ttft_s", hit.first}, {"cold_ttft_s", cold}, {"speedup", cold / hit.first}});
+      std::fprintf(stderr, "  prefix hit %s/%s, %lld cached: %.3f s vs cold %.3f s\n", tier, cache_mode_name(mode),
+                   static_cast<long long>(hit.second), hit.first, cold);
     }
   }
   std::filesystem::remove_all(folder);
   return out;
+}
+
+// The agent's shape of work: cold prefill and decode out to long contexts, and a turn that finds
+// its history cached and brings a few hundred new tokens.
+struct LongContextPlan {
+  std::vector<int64_t> prefill_lengths, decode_contexts;
+  int64_t cached = 0, fresh = 0;
+  int steps = 0;
+};
+
+nlohmann::json bench_long_context(const std::string& dir, const std::shared_ptr<const Model>& m,
+                                  const LongContextPlan& plan, const Limits& lim) {
+  const int64_t longest = std::max({plan.cached + plan.fresh, plan.decode_contexts.back() + plan.steps + 2,
+                                    *std::max_element(plan.prefill_lengths.begin(), plan.prefill_lengths.end())});
+  if (longest > m->config().max_seq_len) {
+    fail("--scenario long-context", "needs " + std::to_string(longest) + " positions but the model has " +
+                                        std::to_string(m->config().max_seq_len) +
+                                        " (max_position_embeddings; make-tiny --preset long has 1048576)");
+  }
+  return {{"prefill", bench_cold_prefill(dir, m, plan.prefill_lengths, lim)},
+          {"decode", bench_decode(dir, m, plan.decode_contexts, plan.steps, lim)},
+          {"prefix_hit", bench_prefix_hit(dir, m, plan.cached, plan.fresh)}};
 }
 
 // Aggregate decode throughput of N concurrent streams through the engine's scheduler, counted once
@@ -366,34 +395,21 @@ nlohmann::json bench_concurrency(const std::string& dir, const std::shared_ptr<c
   return out;
 }
 
-// Decode tok/s against context and prefill tok/s against prompt length, each with its roofline
-// (bandwidth / active bytes per token; peak FLOP/s / FLOPs per token) on the same log axes.
-void write_plot(const std::string& path, const nlohmann::json& r) {
+struct PlotSeries {
+  std::string label;
+  std::vector<std::pair<double, double>> points;
+};
+
+// Lines on log-log axes, with an optional horizontal limit line (a roofline or a floor).
+void write_svg(const std::string& path, const std::vector<PlotSeries>& series, const std::string& y_label,
+               double limit, const std::string& limit_label) {
   const double W = 720, H = 420, L = 70, R = 20, T = 30, B = 50;
-  std::vector<std::pair<std::string, std::vector<std::pair<double, double>>>> series;
-  double roof_decode = 0;
-  if (r.contains("decode")) {
-    std::vector<std::pair<double, double>> pts;
-    for (const auto& d : r["decode"]) {
-      pts.push_back({d["context"].get<double>(), d["tok_s"].get<double>()});
-      roof_decode = r["machine"]["bandwidth_gbs"].get<double>() * 1e9 / d["active_bytes_per_token"].get<double>();
-    }
-    series.push_back({"decode tok/s vs context", pts});
-  }
-  if (r.contains("cold_prefill")) {
-    std::vector<std::pair<double, double>> exact, tail;
-    for (const auto& d : r["cold_prefill"]) {
-      (d["mode"] == "exact" ? exact : tail).push_back({d["prompt_tokens"].get<double>(), d["tok_s"].get<double>()});
-    }
-    series.push_back({"prefill tok/s vs prompt (exact)", exact});
-    series.push_back({"prefill tok/s vs prompt (tail)", tail});
-  }
   double xmin = 1e300, xmax = 0, ymin = 1e300, ymax = 0;
-  for (auto& s : series)
-    for (auto& [x, y] : s.second) {
+  for (const PlotSeries& s : series)
+    for (auto& [x, y] : s.points) {
       xmin = std::min(xmin, x), xmax = std::max(xmax, x), ymin = std::min(ymin, y), ymax = std::max(ymax, y);
     }
-  if (roof_decode > 0) ymax = std::max(ymax, roof_decode), ymin = std::min(ymin, roof_decode);
+  if (limit > 0) ymax = std::max(ymax, limit), ymin = std::min(ymin, limit);
   if (xmax <= 0) return;
   xmin /= 1.5, xmax *= 1.5, ymin /= 3, ymax *= 3;
   auto px = [&](double x) { return L + (std::log(x) - std::log(xmin)) / (std::log(xmax) - std::log(xmin)) * (W - L - R); };
@@ -403,19 +419,58 @@ void write_plot(const std::string& path, const nlohmann::json& r) {
   f << "<rect width='100%' height='100%' fill='white'/><line x1='" << L << "' y1='" << H - B << "' x2='" << W - R << "' y2='" << H - B
     << "' stroke='black'/><line x1='" << L << "' y1='" << T << "' x2='" << L << "' y2='" << H - B << "' stroke='black'/>\n";
   f << "<text x='" << W / 2 << "' y='" << H - 12 << "' text-anchor='middle'>tokens (context or prompt length, log)</text>\n";
-  f << "<text x='16' y='" << H / 2 << "' transform='rotate(-90 16 " << H / 2 << ")' text-anchor='middle'>tokens/s (log)</text>\n";
+  f << "<text x='16' y='" << H / 2 << "' transform='rotate(-90 16 " << H / 2 << ")' text-anchor='middle'>" << y_label << "</text>\n";
   const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c"};
   for (size_t i = 0; i < series.size(); ++i) {
     f << "<polyline fill='none' stroke='" << colors[i % 3] << "' stroke-width='2' points='";
-    for (auto& [x, y] : series[i].second) f << px(x) << "," << py(y) << " ";
-    f << "'/>\n<text x='" << L + 10 << "' y='" << T + 14 * static_cast<double>(i + 1) << "' fill='" << colors[i % 3] << "'>" << series[i].first << "</text>\n";
+    for (auto& [x, y] : series[i].points) f << px(x) << "," << py(y) << " ";
+    f << "'/>\n<text x='" << L + 10 << "' y='" << T + 14 * static_cast<double>(i + 1) << "' fill='" << colors[i % 3] << "'>"
+      << series[i].label << "</text>\n";
   }
-  if (roof_decode > 0) {
-    f << "<line x1='" << L << "' y1='" << py(roof_decode) << "' x2='" << W - R << "' y2='" << py(roof_decode)
-      << "' stroke='#1f77b4' stroke-dasharray='6,4'/><text x='" << W - R - 4 << "' y='" << py(roof_decode) - 4
-      << "' text-anchor='end' fill='#1f77b4'>decode roofline: measured bandwidth / active bytes per token</text>\n";
+  if (limit > 0) {
+    f << "<line x1='" << L << "' y1='" << py(limit) << "' x2='" << W - R << "' y2='" << py(limit)
+      << "' stroke='#1f77b4' stroke-dasharray='6,4'/><text x='" << W - R - 4 << "' y='" << py(limit) - 4
+      << "' text-anchor='end' fill='#1f77b4'>" << limit_label << "</text>\n";
   }
   f << "</svg>\n";
+}
+
+// Prefill's and decode's series from scenario results, each point mapped by `y` (tok/s or its cost).
+std::vector<PlotSeries> rate_series(const nlohmann::json& prefill, const nlohmann::json& decode,
+                                    double (*y)(double tok_s), const std::string& what) {
+  std::vector<PlotSeries> series;
+  if (!decode.is_null()) {
+    PlotSeries d{"decode " + what + " vs context", {}};
+    for (const auto& r : decode) d.points.push_back({r["context"].get<double>(), y(r["tok_s"].get<double>())});
+    series.push_back(d);
+  }
+  if (!prefill.is_null()) {
+    PlotSeries exact{"prefill " + what + " vs prompt (exact)", {}}, tail{"prefill " + what + " vs prompt (tail)", {}};
+    for (const auto& r : prefill) {
+      (r["mode"] == "exact" ? exact : tail).points.push_back({r["prompt_tokens"].get<double>(), y(r["tok_s"].get<double>())});
+    }
+    series.push_back(exact);
+    series.push_back(tail);
+  }
+  return series;
+}
+
+// The long-context scenario's plot is cost per token (ms) against context, with decode's floor
+// (active bytes per token over the measured bandwidth); otherwise tok/s with decode's roofline.
+void write_plot(const std::string& path, const nlohmann::json& r) {
+  const double bandwidth = r["machine"]["bandwidth_gbs"].get<double>() * 1e9;
+  if (r.contains("long_context")) {
+    const nlohmann::json& lc = r["long_context"];
+    const double floor_ms = lc["decode"].empty() ? 0 : 1e3 * lc["decode"][0]["active_bytes_per_token"].get<double>() / bandwidth;
+    write_svg(path, rate_series(lc["prefill"], lc["decode"], [](double tok_s) { return 1e3 / tok_s; }, "ms/token"),
+              "ms per token (log)", floor_ms, "decode floor: active bytes per token / measured bandwidth");
+    return;
+  }
+  const nlohmann::json none;
+  const nlohmann::json& decode = r.contains("decode") ? r["decode"] : none;
+  const double roof = decode.is_null() || decode.empty() ? 0 : bandwidth / decode[0]["active_bytes_per_token"].get<double>();
+  write_svg(path, rate_series(r.contains("cold_prefill") ? r["cold_prefill"] : none, decode, [](double tok_s) { return tok_s; }, "tok/s"),
+            "tokens/s (log)", roof, "decode roofline: measured bandwidth / active bytes per token");
 }
 
 }  // namespace
@@ -432,14 +487,23 @@ int run_bench(int argc, char** argv) {
         "  decode        tokens/s at several context lengths\n"
         "  concurrency   aggregate decode tokens/s at 1, 2, 4, 8 streams through the scheduler\n"
         "  engram        per-step Engram lookup time from each tier (mmap, ram, pread)\n"
+        "  long-context  the agent's shape (not in the default): cold prefill, exact and tail, out to long\n"
+        "                prompts; decode out to long contexts; a turn with a long history cached and a few\n"
+        "                hundred new tokens (RAM and disk tier, exact and replay). Needs a model with the\n"
+        "                positions (make-tiny --preset long); --plot then draws cost per token vs context\n"
         "The machine's limits are measured in the same run: streaming-read memory bandwidth and, for each\n"
         "arithmetic unit present (AMX-BF16, AVX-512-BF16, AVX-512 / AVX2 fp32 FMA), its register-only peak\n"
         "on all cores. Decode is reported against the bandwidth, prefill and GEMM against the best peak.\n"
         "  --lengths A,B,..   prompt lengths / contexts (default 128,512,2048)\n"
-        "  --gemm-rows A,B,.. row counts of the gemm scenario (default 1,16,64,256,1024)");
+        "  --gemm-rows A,B,.. row counts of the gemm scenario (default 1,16,64,256,1024)\n"
+        "  --long-prefill A,B,..  long-context prompt lengths (default 2048,8192,32768)\n"
+        "  --long-decode A,B,..   long-context decode contexts (default 1024,8192,32768)\n"
+        "  --long-cached N        long-context prefix hit: tokens of history cached (default 32768)\n"
+        "  --long-new N           long-context prefix hit: new tokens after them (default 256)");
     return 0;
   }
-  Args args("bench", argc, argv, {"--model", "--scenario", "--steps", "--io-threads", "--plot", "--lengths", "--gemm-rows"}, {"--json"},
+  Args args("bench", argc, argv, {"--model", "--scenario", "--steps", "--io-threads", "--plot", "--lengths", "--gemm-rows",
+             "--long-prefill", "--long-decode", "--long-cached", "--long-new"}, {"--json"},
             {{"-m", "--model"}});
   const std::string dir = args.required("--model");
   const std::string scenarios = args.get("--scenario", "gemm,cold-prefill,prefix-hit,decode,concurrency");
@@ -447,14 +511,20 @@ int run_bench(int argc, char** argv) {
   const int io_threads = static_cast<int>(args.get_int("--io-threads", 4, 1, 256));
   const std::vector<int64_t> lengths = count_list(args, "--lengths", "128,512,2048", 2);
   const std::vector<int64_t> gemm_rows = count_list(args, "--gemm-rows", "1,16,64,256,1024", 1);
+  LongContextPlan long_plan;
+  long_plan.prefill_lengths = count_list(args, "--long-prefill", "2048,8192,32768", 2);
+  long_plan.decode_contexts = count_list(args, "--long-decode", "1024,8192,32768", 2);
+  long_plan.cached = args.get_int("--long-cached", 32768, 1, int64_t{1} << 24);
+  long_plan.fresh = args.get_int("--long-new", 256, 1, int64_t{1} << 24);
+  long_plan.steps = steps > 0 ? steps : 16;
   std::vector<std::string> names;
   {
     std::stringstream list(scenarios);
     for (std::string name; std::getline(list, name, ',');) {
       if (name != "engram" && name != "gemm" && name != "cold-prefill" && name != "prefix-hit" && name != "decode" &&
-          name != "concurrency") {
+          name != "concurrency" && name != "long-context") {
         fail("--scenario", "unknown scenario \"" + name +
-                               "\" (available: gemm, cold-prefill, prefix-hit, decode, concurrency, engram)");
+                               "\" (available: gemm, cold-prefill, prefix-hit, decode, concurrency, engram, long-context)");
       }
       names.push_back(name);
     }
@@ -492,10 +562,14 @@ int run_bench(int argc, char** argv) {
       report["cold_prefill"] = bench_cold_prefill(dir, model, lengths, lim);
     } else if (name == "prefix-hit") {
       need_model();
-      report["prefix_hit"] = bench_prefix_hit(dir, model, lengths.back());
+      const int64_t n = lengths.back();
+      report["prefix_hit"] = bench_prefix_hit(dir, model, n * 9 / 10, n - n * 9 / 10);
     } else if (name == "concurrency") {
       need_model();
       report["concurrency"] = bench_concurrency(dir, model, {1, 2, 4, 8}, steps > 0 ? steps : 8);
+    } else if (name == "long-context") {
+      need_model();
+      report["long_context"] = bench_long_context(dir, model, long_plan, lim);
     }
   }
   if (args.has("--plot")) write_plot(args.get("--plot"), report);
@@ -538,6 +612,29 @@ int run_bench(int argc, char** argv) {
       std::printf("  %-5s %-7s %8lld %10.3f %10.3f %7.1fx\n", r["tier"].get<std::string>().c_str(),
                   r["mode"].get<std::string>().c_str(), static_cast<long long>(r["cached_tokens"].get<int64_t>()),
                   r["ttft_s"].get<double>(), r["cold_ttft_s"].get<double>(), r["speedup"].get<double>());
+    }
+  }
+  if (report.contains("long_context")) {
+    const nlohmann::json& lc = report["long_context"];
+    std::printf("long context: cold prefill\n  %-8s %-6s %10s %10s %12s\n", "prompt", "mode", "tok/s", "of peak", "ms/token");
+    for (const auto& r : lc["prefill"]) {
+      std::printf("  %-8lld %-6s %10.1f %9.1f%% %12.3f\n", static_cast<long long>(r["prompt_tokens"].get<int64_t>()),
+                  r["mode"].get<std::string>().c_str(), r["tok_s"].get<double>(), 100 * r["flops_efficiency"].get<double>(),
+                  1e3 / r["tok_s"].get<double>());
+    }
+    const double first = lc["decode"][0]["tok_s"].get<double>();
+    std::printf("long context: decode\n  %-8s %10s %12s %14s\n", "context", "tok/s", "ms/token", "of first");
+    for (const auto& r : lc["decode"]) {
+      std::printf("  %-8lld %10.2f %12.3f %13.2fx\n", static_cast<long long>(r["context"].get<int64_t>()), r["tok_s"].get<double>(),
+                  1e3 / r["tok_s"].get<double>(), r["tok_s"].get<double>() / first);
+    }
+    std::printf("long context: prefix hit\n  %-5s %-7s %8s %6s %10s %10s %8s\n", "tier", "mode", "cached", "new", "ttft s", "cold s",
+                "speedup");
+    for (const auto& r : lc["prefix_hit"]) {
+      std::printf("  %-5s %-7s %8lld %6lld %10.3f %10.3f %7.1fx\n", r["tier"].get<std::string>().c_str(),
+                  r["mode"].get<std::string>().c_str(), static_cast<long long>(r["cached_tokens"].get<int64_t>()),
+                  static_cast<long long>(r["new_tokens"].get<int64_t>()), r["ttft_s"].get<double>(), r["cold_ttft_s"].get<double>(),
+                  r["speedup"].get<double>());
     }
   }
   if (report.contains("concurrency")) {

@@ -34,6 +34,7 @@
 #include "server/metrics_text.h"
 #include "server/openai_api.h"
 #include "server/openai_response.h"
+#include "serve_process.h"
 #include "server_api_util.h"
 #include "server_util.h"
 #include "test_util.h"
@@ -953,66 +954,9 @@ TEST(ServerLoad, AbandonedStreamsFreeTheirPages) {
 // ---------------------------------------------------------------------------------------------
 // The `dsv41 serve` command and the official npm client
 
-// `dsv41 serve` as a child process; its first stdout line names the address.
-class ServeProcess {
- public:
-  explicit ServeProcess(const std::string& extra_args) {
-    std::signal(SIGPIPE, SIG_IGN);  // as in LiveServer: the test client writes without MSG_NOSIGNAL
-    int out[2];
-    if (pipe(out) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(out[1], STDOUT_FILENO);
-      close(out[0]);
-      close(out[1]);
-      const std::string cmd = std::string(DSV41_BINARY) + " serve -m '" + test::tiny_model_dir() + "' --port 0 " + extra_args;
-      execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    close(out[1]);
-    FILE* f = fdopen(out[0], "r");
-    char line[512];
-    if (f != nullptr && std::fgets(line, sizeof line, f) != nullptr) {
-      first_line_ = line;
-      const size_t colon = first_line_.rfind(':', first_line_.find(" (model"));
-      if (colon != std::string::npos) port_ = std::atoi(first_line_.c_str() + colon + 1);
-    }
-    out_ = f;
-  }
-  ~ServeProcess() {
-    if (pid_ > 0 && !exited_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (out_ != nullptr) fclose(out_);
-  }
-  int port() const { return port_; }
-  const std::string& first_line() const { return first_line_; }
-  // Sends `sig` and returns the exit status (-1 if it did not exit within `seconds`).
-  int stop(int sig, int seconds) {
-    kill(pid_, sig);
-    for (int i = 0; i < seconds * 50; ++i) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        exited_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int port_ = 0;
-  bool exited_ = false;
-  std::string first_line_;
-  FILE* out_ = nullptr;
-};
-
 TEST(ServerCommand, ServesAndStopsCleanlyOnSignals) {
   for (int sig : {SIGTERM, SIGINT}) {
-    ServeProcess p("--parallel 2");
+    ServeProcess p(test::tiny_model_dir(), "--parallel 2");
     ASSERT_GT(p.port(), 0) << p.first_line();
     EXPECT_NE(p.first_line().find("listening on http://127.0.0.1:"), std::string::npos);
     EXPECT_EQ(request(p.port(), "GET", "/health").status, 200);

@@ -101,6 +101,7 @@ struct Stream {
   int status = -1;
   std::vector<json> events;  // the data payloads (before [DONE] where the stream has one)
   bool done = false;         // [DONE] was received
+  double first_event_s = -1;  // seconds from sending the request to its first data event
   std::string raw;
   std::string error;  // why the response is missing or cut short
 };
@@ -112,6 +113,7 @@ inline Stream post_stream(int port, const std::string& path, const json& body, s
   cli.set_read_timeout(std::chrono::seconds(60));
   Stream s;
   std::string pending;
+  const auto sent = std::chrono::steady_clock::now();
   httplib::Request req;
   req.method = "POST";
   req.path = path;
@@ -127,6 +129,7 @@ inline Stream post_stream(int port, const std::string& path, const json& body, s
       const size_t data_at = event.rfind("data: ", 0) == 0 ? 0 : event.find("\ndata: ");
       if (data_at == std::string::npos) continue;
       const std::string data_text = event.substr(data_at == 0 ? 6 : data_at + 7);
+      if (s.first_event_s < 0) s.first_event_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
       if (data_text == "[DONE]") {
         s.done = true;
       } else {

@@ -177,6 +177,15 @@ TEST(CliGenerate, StreamsTextFromAPrompt) {
   EXPECT_FALSE(want.empty());
   EXPECT_EQ(streamed.out, want + "\n");
   EXPECT_EQ(j["text"].get<std::string>(), want);
+
+  // -f FILE is -p with the file's text (for prompts longer than an argument may be)
+  test::TempDir tmp;
+  const std::string file = tmp / "prompt.txt";
+  std::ofstream(file, std::ios::binary) << text;
+  auto from_file = test::run_dsv41("generate -m " + test::tiny_model_dir() + " -f " + file + " -n 16 --json");
+  ASSERT_EQ(from_file.status, 0) << from_file.out;
+  EXPECT_EQ(json::parse(from_file.out)["prompt_tokens"], j["prompt_tokens"]);
+  EXPECT_EQ(json::parse(from_file.out)["tokens"], j["tokens"]);
 }
 
 TEST(CliGenerate, JsonReportsTokensTextAndTimings) {
@@ -327,8 +336,10 @@ TEST(CliGenerate, BadRequestsGetClearErrors) {
   std::vector<Case> cases = {
       {"generate -p hi", "--model: is required"},
       {"generate -m /nonexistent -p hi", "/nonexistent: no such file or folder"},
-      {"generate" + m, "give exactly one of -p TEXT and --prompt-ids"},
+      {"generate" + m, "give exactly one of -p TEXT, -f FILE and --prompt-ids"},
       {"generate" + m + " -p hi --prompt-ids 1", "give exactly one"},
+      {"generate" + m + " -p hi -f /dev/null", "give exactly one"},
+      {"generate" + m + " -f /nonexistent/prompt.txt", "/nonexistent/prompt.txt: cannot be opened"},
       {"generate" + m + " --prompt-ids 1,x,3", "--prompt-ids: expects comma-separated non-negative token ids"},
       {"generate" + m + " --prompt-ids 1,99999", "id 99999 is outside the vocabulary of 1024"},
       {"generate" + m + " -p hi --prefill-mode fast", "--prefill-mode: must be exact or tail"},

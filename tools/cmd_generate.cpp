@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -22,10 +24,11 @@ namespace dsv41::cli {
 
 namespace {
 
-constexpr const char* kHelp = R"(usage: dsv41 generate -m DIR (-p TEXT | --prompt-ids 1,2,3) [options]
+constexpr const char* kHelp = R"(usage: dsv41 generate -m DIR (-p TEXT | -f FILE | --prompt-ids 1,2,3) [options]
 
   -m, --model DIR            model folder (config.json, tokenizer.json, safetensors)
   -p, --prompt TEXT          prompt text (tokenized, BOS prepended unless --no-bos)
+  -f, --file FILE            prompt text read from FILE (UTF-8; as -p, for prompts too long for an argument)
       --prompt-ids LIST      prompt as comma-separated token ids (used as given)
   -n, --n-predict N          tokens to generate (default 32)
       --temp T               temperature; 0 = greedy (default 0)
@@ -99,12 +102,24 @@ int run_generate(int argc, char** argv) {
     return 0;
   }
   Args args("generate", argc, argv,
-            {"--model", "--prompt", "--prompt-ids", "--n-predict", "--temp", "--top-p", "--seed", "--teacher-ids",
+            {"--model", "--prompt", "--file", "--prompt-ids", "--n-predict", "--temp", "--top-p", "--seed", "--teacher-ids",
              "--prefill-mode", "--chunk", "--index-keys", "--dump-logits", "--prompt-cache", "--cache-mode", "--engram", "--speculative", "--draft-length", "--oracle-drafts", "--acceptance-guard"},
-            {"--json", "--ignore-eos", "--no-bos"}, {{"-m", "--model"}, {"-p", "--prompt"}, {"-n", "--n-predict"}});
+            {"--json", "--ignore-eos", "--no-bos"}, {{"-m", "--model"}, {"-p", "--prompt"}, {"-f", "--file"}, {"-n", "--n-predict"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
   const std::string dir = args.required("--model");
-  if (args.has("--prompt") == args.has("--prompt-ids")) fail("generate", "give exactly one of -p TEXT and --prompt-ids");
+  if (static_cast<int>(args.has("--prompt")) + static_cast<int>(args.has("--file")) + static_cast<int>(args.has("--prompt-ids")) != 1) {
+    fail("generate", "give exactly one of -p TEXT, -f FILE and --prompt-ids");
+  }
+  std::string prompt_text;
+  if (args.has("--file")) {
+    const std::string path = args.get("--file");
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail(path, "cannot be opened");
+    prompt_text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (in.bad()) fail(path, "could not be read");
+  } else if (args.has("--prompt")) {
+    prompt_text = args.get("--prompt");
+  }
 
   RequestParams req;
   const std::string mode = args.get("--prefill-mode", "exact");
@@ -150,9 +165,9 @@ int run_generate(int argc, char** argv) {
   const Tokenizer& tokenizer = engine.tokenizer();
 
   std::vector<int32_t>& prompt = req.prompt;
-  if (args.has("--prompt")) {
+  if (!args.has("--prompt-ids")) {
     if (!args.has("--no-bos")) prompt.push_back(static_cast<int32_t>(cfg.bos_token_id));
-    std::vector<int32_t> text = tokenizer.encode(args.get("--prompt"));
+    std::vector<int32_t> text = tokenizer.encode(prompt_text);
     prompt.insert(prompt.end(), text.begin(), text.end());
   } else {
     prompt = parse_ids("--prompt-ids", args.get("--prompt-ids"));

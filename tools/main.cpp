@@ -19,8 +19,9 @@ commands:
   inspect PATH [--json]                         layer roles, state graph, bytes per token, parameters,
                                                 Engram constants of a model folder or config.json
   make-tiny --out DIR [--preset P] [--seed N]   write a random checkpoint in the released layout
-                                                (presets: tiny, small, bench)
-  generate -m DIR (-p TEXT | --prompt-ids IDS)  run the model: prefill, then sample or teacher-force
+                                                (presets: tiny, small, bench, long)
+  generate -m DIR (-p TEXT | -f FILE | --prompt-ids IDS)
+                                                run the model: prefill, then sample or teacher-force
   logits-diff A B [--json]                      compare two --dump-logits files (max diff, KL, top-1)
   bench -m DIR [--scenario engram] [--json]     measure the engine on a model
   serve -m DIR [--host H] [--port N]            the OpenAI-compatible HTTP server

@@ -342,6 +342,16 @@ void sparse_attention_per_query(const Backend& be, const ModelConfig& c, const L
         if (t >= kv_src->compressed.size()) fail("attention", "compressed row read before it was written");
         compressed.push_back(t < 0 ? nullptr : kv_src->compressed.row(t));
       }
+      // A one-shot prefill selects min(top-k, prompt / ratio) rows for every query, the ones its
+      // early queries cannot see yet padded (-1) at the end; a later chunk of it has fewer keys and
+      // so a narrower selection. The padding adds no row but does widen the last softmax chunk, whose
+      // probabilities the reference sums in torch's cascade order over the chunk's whole length, so a
+      // chunk pads to the one-shot width (seen at head_dim 512, where more outputs expose the sum's
+      // rounding: a 300-token prefill in 1-token chunks differed from one-shot at position 89).
+      if (prompt >= 0) {
+        const int64_t one_shot_k = std::min<int64_t>(c.index_topk, prompt / r.compress_ratio);
+        if (static_cast<int64_t>(compressed.size()) < one_shot_k) compressed.resize(static_cast<size_t>(one_shot_k), nullptr);
+      }
     }
     const KvRows list{window.data(), static_cast<int64_t>(window.size()), compressed.data(),
                       static_cast<int64_t>(compressed.size())};

@@ -219,7 +219,10 @@ ModelConfig synthetic_config(const std::string& preset) {
 }
 
 ModelConfig synthetic_config(const std::string& preset, const json& tokenizer) {
-  ModelConfig c = preset_geometry(preset);
+  return complete_synthetic_config(preset_geometry(preset), tokenizer);
+}
+
+ModelConfig complete_synthetic_config(ModelConfig c, const json& tokenizer) {
   const Tokenizer tok = Tokenizer::from_json(tokenizer, "tokenizer");
   c.vocab_size = tok.vocab_size();
   const auto noise = tok.token_id("<｜System｜>");  // DSpark's noise token, as in the release (128799)
@@ -234,6 +237,7 @@ ModelConfig synthetic_config(const std::string& preset, const json& tokenizer) {
   special("<｜begin▁of▁sentence｜>", c.bos_token_id);
   special("<｜end▁of▁sentence｜>", c.eos_token_id);
   c.engram_compressed_vocab_size = build_engram_token_map(tokenizer, c.vocab_size).size;
+  c.engram_num_embeddings.clear();
   for (const auto& layer : engram_layout(c.engram_layer_ids, c.engram_max_ngram_size, c.engram_vocab_size,
                                          c.engram_n_heads, c.engram_compressed_vocab_size)) {
     c.engram_num_embeddings.push_back(layer.rows);
@@ -248,9 +252,13 @@ void write_synthetic_checkpoint(const std::string& dir, const std::string& prese
 
 void write_synthetic_checkpoint(const std::string& dir, const std::string& preset, uint64_t seed,
                                 const json& tokenizer) {
-  const ModelConfig c = synthetic_config(preset, tokenizer);
   // Shards small enough that even the tiny model has several, as the release does.
   const uint64_t shard_bytes = preset == "tiny" || preset == "long" ? (1u << 20) : preset == "small" ? (64u << 20) : (2ull << 30);
+  write_synthetic_checkpoint(dir, synthetic_config(preset, tokenizer), seed, tokenizer, shard_bytes);
+}
+
+void write_synthetic_checkpoint(const std::string& dir, const ModelConfig& c, uint64_t seed, const json& tokenizer,
+                                uint64_t shard_bytes) {
   write_checkpoint(dir, c, tokenizer, shard_bytes, [&](const TensorSpec& s, int64_t count) {
     return random_values(s, c, seed, count);
   });

@@ -31,4 +31,10 @@ void write_synthetic_checkpoint(const std::string& dir, const std::string& prese
 void write_synthetic_checkpoint(const std::string& dir, const std::string& preset, uint64_t seed,
                                 const nlohmann::json& tokenizer);
 
+// Another geometry (a preset's config with fewer layers or experts, say): the tokenizer-derived values
+// filled in and validated as a preset's are, then its random weights written.
+ModelConfig complete_synthetic_config(ModelConfig geometry, const nlohmann::json& tokenizer);
+void write_synthetic_checkpoint(const std::string& dir, const ModelConfig& config, uint64_t seed,
+                                const nlohmann::json& tokenizer, uint64_t shard_bytes);
+
 }  // namespace dsv41

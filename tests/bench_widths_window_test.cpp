@@ -4,8 +4,8 @@
 // source, Reindex), and six experts: a 300-token prompt's window lists span several 64-row softmax
 // chunks, so a prefill in chunks shorter than the window must keep the one-shot prefill's list layout
 // to compute its bits (docs/state.md). The tiny widths test this at length (long_context_test.cpp);
-// these are the attention kernels' and the indexer's released shapes. About 1.6 GB of weights, so
-// the file writes its checkpoint once and skips under the sanitizers.
+// these are the attention kernels' and the indexer's released shapes. About 1.5 GB of weights and two
+// minutes on 2 cores, so the test skips under the sanitizers.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -52,7 +52,7 @@ const Model& bench_widths_model() {
 }
 
 TEST(BenchWidthsWindow, ChunksShorterThanTheWindowGiveTheOneShotPrefill) {
-  DSV41_SKIP_UNDER_SANITIZERS("a 1.6 GB checkpoint at the released widths");
+  DSV41_SKIP_UNDER_SANITIZERS("a 1.5 GB checkpoint at the released widths");
   const Model& m = bench_widths_model();
   const ModelConfig& c = m.config();
   ASSERT_EQ(c.window_size, 128);

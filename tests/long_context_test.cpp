@@ -204,7 +204,7 @@ TEST(LongContext, RestoresAndTailModeAgainstAColdExactRun) {
 }
 
 // The bitwise checks at 16.5K tokens, where top-k keeps under 0.4% of the ratio-1 rows, the candidate
-// pool 12% of them, and the indexer scores a one-shot prefill's queries in 260 blocks (its score
+// pool 12% of them, and the indexer scores a one-shot prefill's queries in blocks of 63-127 (its score
 // matrix capped at 4 MiB): a session's prefill in chunks of 1000, 128 and 1 computes the one-shot
 // prefill's logits and state; a decode step after a prefill of all but the last token computes them
 // too; and a prompt restored exactly from the prompt cache (16,448 tokens, stored by the chunk-1000

@@ -109,6 +109,65 @@ TEST(Config, RejectsBrokenConfigsNamingTheProblem) {
   EXPECT_NE(parse_error(json::array()).find("must be a JSON object"), std::string::npos);
 }
 
+TEST(Config, KeysThatChangeTheMathUnimplementedAreErrorsNamingThem) {
+  struct Case {
+    const char* what;
+    std::function<void(json&)> edit;
+    const char* expect;
+  };
+  std::vector<Case> cases = {
+      {"biases", [](json& j) { j["text_config"]["attention_bias"] = true; }, "attention_bias = true"},
+      {"grouped routing", [](json& j) { j["text_config"]["n_group"] = 8; }, "n_group = 8"},
+      {"topk method", [](json& j) { j["text_config"]["topk_method"] = "greedy"; }, "topk_method = \"greedy\""},
+      {"dense layers", [](json& j) { j["text_config"]["first_k_dense_replace"] = 3; }, "first_k_dense_replace = 3"},
+      {"mscale", [](json& j) { j["text_config"]["rope_scaling"]["mscale"] = 1.0; }, "mscale"},
+      {"static scales", [](json& j) { j["quantization_config"]["activation_scheme"] = "static"; }, "activation_scheme = \"static\""},
+  };
+  for (const Case& c : cases) {
+    json j = released_json();
+    c.edit(j);
+    std::string msg = parse_error(j);
+    EXPECT_NE(msg.find("cfg.json"), std::string::npos) << c.what << ": " << msg;
+    EXPECT_NE(msg.find(c.expect), std::string::npos) << c.what << ": " << msg;
+  }
+  // Every offending key is named in one error, not only the first.
+  json j = released_json();
+  j["text_config"]["attention_bias"] = true;
+  j["text_config"]["n_group"] = 8;
+  std::string msg = parse_error(j);
+  EXPECT_NE(msg.find("attention_bias"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("n_group"), std::string::npos) << msg;
+  // The values the engine implements are accepted when written out.
+  j = released_json();
+  j["text_config"]["attention_bias"] = false;
+  j["text_config"]["n_group"] = 1;
+  EXPECT_EQ(parse_error(j), "");
+}
+
+TEST(Config, UnknownAndUnusedKeysAreReportedNotSilentlyDropped) {
+  ModelConfig released = load_config(test::released_config());
+  EXPECT_TRUE(released.unknown_keys.empty()) << released.unknown_keys.front();
+  for (const char* key : {"architectures", "image_token_id", "vision_config"}) {
+    bool listed = false;
+    for (const std::string& k : released.unused_keys) listed |= k.find(key) != std::string::npos;
+    EXPECT_TRUE(listed) << key;
+  }
+  json j = released_json();
+  j["text_config"]["hidden_sise"] = 5120;
+  j["frobnicate"] = 1;
+  ModelConfig c = parse_config(j, "cfg.json");
+  ASSERT_EQ(c.unknown_keys.size(), 2u);
+  std::string all = c.unknown_keys[0] + " " + c.unknown_keys[1];
+  EXPECT_NE(all.find("text_config.hidden_sise"), std::string::npos) << all;
+  EXPECT_NE(all.find("frobnicate"), std::string::npos) << all;
+  // An unknown key changes nothing the engine computes.
+  EXPECT_EQ(config_fingerprint(c), config_fingerprint(released));
+  // The forms the project writes are read without a leftover key.
+  EXPECT_TRUE(parse_config(config_to_hf_json(released), "hf").unknown_keys.empty());
+  EXPECT_TRUE(parse_config(config_to_inference_json(released), "flat").unknown_keys.empty());
+  EXPECT_TRUE(parse_config(config_to_inference_json(released), "flat").unused_keys.empty());
+}
+
 TEST(Config, LoadFailsClearlyOnMissingOrBadFiles) {
   test::TempDir dir;
   try {

@@ -546,7 +546,11 @@ int run_bench(int argc, char** argv) {
                        {"cores", backend->threads()}, {"isa", backend->name()}};
   std::shared_ptr<const Model> model;  // loaded once; every scenario's engines share it
   auto need_model = [&] {
-    if (!model) model = load_model(dir, {backend});
+    if (model) return;
+    model = load_model(dir, {backend});
+    for (const std::string& key : model->config().unknown_keys) {
+      std::fprintf(stderr, "%s: unknown config key %s (ignored)\n", model->config().source.c_str(), key.c_str());
+    }
   };
   for (const std::string& name : names) {
     std::fprintf(stderr, "%s...\n", name.c_str());

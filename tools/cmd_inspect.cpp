@@ -51,6 +51,12 @@ std::string human(int64_t n) {
   return buf;
 }
 
+std::string list(const std::vector<std::string>& v) {
+  std::string out;
+  for (const std::string& s : v) out += (out.empty() ? "" : ", ") + s;
+  return out.empty() ? "none" : out;
+}
+
 std::string from(int layer) { return layer < 0 ? "-" : std::to_string(layer); }
 
 json build_report(const ModelConfig& c) {
@@ -92,6 +98,7 @@ json build_report(const ModelConfig& c) {
   j["params"] = {{"total", params.total}, {"engram", params.engram}, {"dspark", params.dspark},
                  {"active_prefill", params.active_prefill}, {"active_decode", params.active_decode},
                  {"checkpoint_bytes", params.checkpoint_bytes}};
+  j["config_keys"] = {{"unknown", c.unknown_keys}, {"unused", c.unused_keys}};
   j["engram"] = json::array();
   for (const auto& e : engram_layout(c.engram_layer_ids, c.engram_max_ngram_size, c.engram_vocab_size,
                                      c.engram_n_heads, c.engram_compressed_vocab_size)) {
@@ -160,6 +167,9 @@ void print_report(const ModelConfig& c, const json& j) {
   std::printf("  active per prompt token (CED: layers < %d) %s, per generated token %s\n\n",
               j["late_layer_start"].get<int>(), b(p["active_prefill"]).c_str(), b(p["active_decode"]).c_str());
 
+  std::printf("config keys\n  not read by the engine (known, no use here): %s\n  unknown (ignored): %s\n\n",
+              list(c.unused_keys).c_str(), list(c.unknown_keys).c_str());
+
   if (!j["engram"].empty()) std::printf("engram constants\n");
   for (const json& e : j["engram"]) {
     std::printf("  layer %d: %lld rows\n    primes      %s\n    offsets     %s\n    multipliers %s\n",
@@ -176,7 +186,9 @@ int run_inspect(int argc, char** argv) {
         "usage: dsv41 inspect PATH [--json]\n\n"
         "PATH is a model folder (config.json or inference/config.json, and its safetensors if present) or a\n"
         "config.json file. Prints the per-layer roles, the state-ownership graph with bytes per token of each\n"
-        "long-lived state class, fixed per-sequence bytes, parameter counts and the Engram hash constants.\n"
+        "long-lived state class, fixed per-sequence bytes, parameter counts, the config's keys the engine\n"
+        "does not read (known but unused, and unknown ones) and the Engram hash constants. A key whose value\n"
+        "changes the math in a way the engine does not implement (attention_bias: true, say) is an error.\n"
         "With a model folder that holds weights, every tensor is checked against the config first.");
     return 0;
   }

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/config_keys.h"
 #include "io/engram_layout.h"
 #include "util/error.h"
 
@@ -34,7 +35,9 @@ namespace {
 // Reads keys from the HF form (text_config nested, HF names) or the flat inference form.
 class KeyReader {
  public:
-  KeyReader(const json& root, std::string where) : root_(root), where_(std::move(where)) {
+  // Every key name looked up is added to `asked` (what classify_config_keys leaves out).
+  KeyReader(const json& root, std::string where, std::set<std::string>& asked)
+      : root_(root), where_(std::move(where)), asked_(asked) {
     if (!root.is_object()) fail(where_, "a config must be a JSON object");
     text_ = &root;
     if (root.contains("text_config")) {
@@ -45,6 +48,7 @@ class KeyReader {
 
   // The value under the first of `names` present in text_config (or the flat object), then the top.
   const json* find(std::initializer_list<const char*> names) const {
+    for (const char* name : names) asked_.insert(name);
     for (const json* obj : {text_, &root_}) {
       for (const char* name : names) {
         auto it = obj->find(name);
@@ -135,6 +139,7 @@ class KeyReader {
   const json& root_;
   const json* text_;
   std::string where_;
+  std::set<std::string>& asked_;
 };
 
 void check_hf_wrapper(const KeyReader& r) {
@@ -176,8 +181,10 @@ void check_hf_wrapper(const KeyReader& r) {
 }  // namespace
 
 ModelConfig parse_config(const json& root, const std::string& where) {
-  KeyReader r(root, where);
+  std::set<std::string> asked;
+  KeyReader r(root, where, asked);
   check_hf_wrapper(r);
+  check_unimplemented_keys(root, where);
   ModelConfig c;
   c.source = where;
   // The wrapper's model_type names the model; text_config's names only its text half.
@@ -202,7 +209,7 @@ ModelConfig parse_config(const json& root, const std::string& where) {
   c.rope_theta = r.number({"rope_theta"}, 10000.0);
   c.compress_rope_theta = r.number({"compress_rope_theta"}, c.rope_theta);
   if (const json* rs = r.find({"rope_scaling"})) {
-    KeyReader s(*rs, where + ": rope_scaling");
+    KeyReader s(*rs, where + ": rope_scaling", asked);
     std::string type = s.string({"rope_type", "type"}, "yarn");
     if (type != "yarn") fail(where, "rope_scaling.rope_type \"" + type + "\" is not supported (yarn only)");
     c.rope_factor = s.number({"factor"});
@@ -267,6 +274,9 @@ ModelConfig parse_config(const json& root, const std::string& where) {
   c.pad_token_id = r.integer<int64_t>({"pad_token_id"}, 2);
 
   validate_config(c);
+  const ConfigKeyReport keys = classify_config_keys(root, asked);
+  c.unknown_keys = keys.unknown;
+  c.unused_keys = keys.unused;
   return c;
 }
 

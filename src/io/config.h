@@ -88,6 +88,11 @@ struct ModelConfig {
   int64_t eos_token_id = 1;
   int64_t pad_token_id = 2;
 
+  // keys of the file the engine did not read (io/config_keys.h): unknown ones, for a warning, and
+  // known ones it has no use for; neither enters the fingerprint
+  std::vector<std::string> unknown_keys;
+  std::vector<std::string> unused_keys;
+
   // derived helpers
   int total_layers() const { return n_layers + n_mtp_layers; }
   int64_t nope_head_dim() const { return head_dim - rope_head_dim; }

@@ -110,6 +110,7 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
   m.model = options.model ? options.model : std::shared_ptr<const Model>(load_model(options.model_dir, {options.backend, options.engram}));
   m.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_file(options.model_dir + "/tokenizer.json"));
   const ModelConfig& c = m.model->config();
+  for (const std::string& key : c.unknown_keys) m.log(c.source + ": unknown config key " + key + " (ignored)");
   m.pools = std::make_unique<StatePools>(c, m.model->roles(), m.model->backend().allocator());
   m.bytes_per_token = build_state_graph(c, m.model->roles()).global_bytes_per_token();
   if (c.has_dspark()) {

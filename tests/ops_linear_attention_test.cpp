@@ -55,12 +55,13 @@ TEST(KernelsSimd, Fp8MatchesScalar) {
       std::vector<float> want(static_cast<size_t>(s.m * s.n)), got(want.size(), -1.0f);
       reference::linear_fp8(x.data(), s.m, mat, want.data());
       be->linear_fp8(x.data(), s.m, mat, got.data());
-      EXPECT_EQ(first_difference(got, want), "") << describe(*be, s);
+      EXPECT_EQ(linear_disagreement(*be, got, want, x.data(), s.m, mat), "") << describe(*be, s);
+      const std::vector<float> row_major = got;
       std::unique_ptr<PackedWeights> packed;
       const auto mat_packed = packed_for(*be, mat, packed);
       std::fill(got.begin(), got.end(), -1.0f);
       be->linear_fp8(x.data(), s.m, mat_packed, got.data());
-      EXPECT_EQ(first_difference(got, want), "") << "packed " << describe(*be, s);
+      EXPECT_EQ(first_difference(got, row_major), "") << "packed " << describe(*be, s);
     }
   }
 }
@@ -76,12 +77,13 @@ TEST(KernelsSimd, Fp4MatchesScalar) {
       std::vector<float> want(static_cast<size_t>(s.m * s.n)), got(want.size(), -1.0f);
       reference::linear_fp4(x.data(), s.m, mat, want.data());
       be->linear_fp4(x.data(), s.m, mat, got.data());
-      EXPECT_EQ(first_difference(got, want), "") << describe(*be, s);
+      EXPECT_EQ(linear_disagreement(*be, got, want, x.data(), s.m, mat), "") << describe(*be, s);
+      const std::vector<float> row_major = got;
       std::unique_ptr<PackedWeights> packed;
       const auto mat_packed = packed_for(*be, mat, packed);
       std::fill(got.begin(), got.end(), -1.0f);
       be->linear_fp4(x.data(), s.m, mat_packed, got.data());
-      EXPECT_EQ(first_difference(got, want), "") << "packed " << describe(*be, s);
+      EXPECT_EQ(first_difference(got, row_major), "") << "packed " << describe(*be, s);
     }
   }
 }
@@ -154,7 +156,7 @@ TEST(KernelsSimd, OrderSensitiveInputsMatchScalar) {
       std::vector<float> want(static_cast<size_t>(s.m * s.n)), got(want.size());
       reference::linear_fp8(x.data(), s.m, m8, want.data());
       be->linear_fp8(x.data(), s.m, m8, got.data());
-      EXPECT_EQ(first_difference(got, want), "") << "fp8 " << describe(*be, s);
+      EXPECT_EQ(linear_disagreement(*be, got, want, x.data(), s.m, m8), "") << "fp8 " << describe(*be, s);
 
       // FP4: 12 products of 256·6 first, 8 small ones (2^-8-ish activations, ±0.5 or ±1), then 12
       // of -256·6: the partial reaches 2^14, where fp32 keeps only 2^-9.
@@ -175,7 +177,7 @@ TEST(KernelsSimd, OrderSensitiveInputsMatchScalar) {
       const Fp4Matrix m4{w4.data(), sc4.data(), s.n, s.k};
       reference::linear_fp4(x.data(), s.m, m4, want.data());
       be->linear_fp4(x.data(), s.m, m4, got.data());
-      EXPECT_EQ(first_difference(got, want), "") << "fp4 " << describe(*be, s);
+      EXPECT_EQ(linear_disagreement(*be, got, want, x.data(), s.m, m4), "") << "fp4 " << describe(*be, s);
 
       // bf16 / f32: one chain over all of k: ±1000·w at the two ends, small terms between.
       for (int64_t i = 0; i < s.m; ++i) {
@@ -525,22 +527,27 @@ TEST(CpuFeatures, NamesAndLevels) {
   EXPECT_STREQ(isa_name(Isa::avx2), "avx2");
   EXPECT_STREQ(isa_name(Isa::avx512), "avx512");
   EXPECT_STREQ(isa_name(Isa::avx512_bf16), "avx512_bf16");
+  EXPECT_STREQ(isa_name(Isa::amx_bf16), "amx_bf16");
   const CpuFeatures& f = cpu_features();
   EXPECT_TRUE(!f.avx512 || f.avx2) << "AVX-512 level implies the AVX2 level";
   EXPECT_TRUE(!f.avx512_bf16 || f.avx512);
   EXPECT_TRUE(!f.bf16_dot_in_order || f.avx512_bf16);
-  EXPECT_EQ(detected_isa() == Isa::avx512_bf16, f.avx512_bf16 && f.bf16_dot_in_order)
+  EXPECT_TRUE(!f.amx_permitted || f.amx_bf16);
+  EXPECT_EQ(detected_isa() >= Isa::avx512_bf16, f.avx512_bf16 && f.bf16_dot_in_order)
       << "the AVX-512-BF16 level runs where vdpbf16ps exists and rounds in order";
+  EXPECT_EQ(detected_isa() == Isa::amx_bf16, f.avx512_bf16 && f.bf16_dot_in_order && f.amx_permitted)
+      << "the AMX level runs on top of it where Linux grants the tiles";
   EXPECT_TRUE(isa_supported(Isa::scalar));
   EXPECT_TRUE(isa_supported(detected_isa()));
   EXPECT_EQ(f.bf16_dot_over_fma > 0, f.avx512_bf16) << "timed exactly where the unit exists";
-  const bool dot_pays = detected_isa() == Isa::avx512_bf16 && f.bf16_dot_over_fma >= 1.0;
-  EXPECT_EQ(default_isa(), detected_isa() == Isa::avx512_bf16 && !dot_pays ? Isa::avx512 : detected_isa())
-      << "the default is the best level, unless that is a BF16 dot slower than the FMA";
+  const Isa exact_top = std::min(detected_isa(), Isa::avx512_bf16);
+  const bool dot_pays = exact_top == Isa::avx512_bf16 && f.bf16_dot_over_fma >= 1.0;
+  EXPECT_EQ(default_isa(), exact_top == Isa::avx512_bf16 && !dot_pays ? Isa::avx512 : exact_top)
+      << "the default is the best level with the reference's bits, unless that is a BF16 dot slower than the FMA";
   std::printf("[simd] detected %s, default %s (avx512_bf16 %s, rounding in order %s, dot/FMA FLOP rate %.2f)\n",
               isa_name(detected_isa()), isa_name(default_isa()), f.avx512_bf16 ? "yes" : "no",
               f.bf16_dot_in_order ? "yes" : "no", f.bf16_dot_over_fma);
-  for (const Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_bf16}) {
+  for (const Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_bf16, Isa::amx_bf16}) {
     EXPECT_EQ(parse_isa(isa_name(isa), "level"), isa);
   }
   EXPECT_THROW(parse_isa("sse", "DSV41_ISA"), Error);

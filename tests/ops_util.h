@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -15,6 +16,7 @@
 
 #include "kernels/backend.h"
 #include "numeric/formats.h"
+#include "numeric/quant.h"
 
 namespace dsv41::test {
 
@@ -72,6 +74,80 @@ inline std::string first_difference(const std::vector<float>& got, const std::ve
     }
   }
   return "";
+}
+
+// ---- the AMX level's declared numerics (kernels/simd_amx.cpp) ------------------------------------
+//
+// Its FP8/FP4 linear layers multiply the reference's own exact operands but sum them in another
+// order and rounding, so their contract is a bound, not bits. For one output with S = Σ_k |a·w·a_s·w_s|
+// (the reference's quantized operands) and kb = K/32:
+//  * the reference's chains (32 products a block, then kb scaled blocks) are within (31 + kb)·u·S of
+//    the exact sum (first-order bound of a recursive sum, u = 2^-24);
+//  * the tile unit adds C and 32 products an instruction, each term cut by at most one fp32 unit in
+//    the last place (2u) of the largest, then rounds once (u): within 67·u·(|C| + Σ|p|) an
+//    instruction, and |C| <= S, so within 67·kb·u·S over the kb instructions (plus the same order
+//    of S again for the partial sums: 2·67·kb·u·S);
+//  * both are then rounded to bf16: one bf16 unit in the last place of the larger of the two.
+// The op tests hold the level to that, and report the largest |got - want| / (u·S) they saw.
+inline bool bits_are_the_references(const Backend& b) { return b.level() != Isa::amx_bf16; }
+
+// S per output of y[m, n] = x · Wᵀ for an FP8 or FP4 matrix, in double, from act_quant's codes and
+// scales as the reference computes them.
+inline std::vector<double> abs_product_sums(const float* x, int64_t m, int64_t n, int64_t k,
+                                            const std::function<float(int64_t, int64_t)>& weight) {
+  std::vector<double> out(static_cast<size_t>(m * n), 0.0);
+  std::vector<uint8_t> codes(static_cast<size_t>(k));
+  std::vector<float> scales(static_cast<size_t>(k / 32));
+  std::vector<double> a(static_cast<size_t>(k));
+  for (int64_t i = 0; i < m; ++i) {
+    act_quant_fp8(x + i * k, k, codes.data(), scales.data());
+    for (int64_t j = 0; j < k; ++j) a[j] = static_cast<double>(e4m3_to_f32(codes[j])) * scales[j / 32];
+    for (int64_t r = 0; r < n; ++r) {
+      double sum = 0;
+      for (int64_t j = 0; j < k; ++j) sum += std::fabs(a[j] * weight(r, j));
+      out[i * n + r] = sum;
+    }
+  }
+  return out;
+}
+inline std::vector<double> abs_product_sums(const float* x, int64_t m, const Fp8Matrix& w) {
+  return abs_product_sums(x, m, w.n, w.k, [&](int64_t r, int64_t j) {
+    return e4m3_to_f32(w.w[r * w.k + j]) * e8m0_to_f32(w.scale[(r / 32) * (w.k / 32) + j / 32]);
+  });
+}
+inline std::vector<double> abs_product_sums(const float* x, int64_t m, const Fp4Matrix& w) {
+  return abs_product_sums(x, m, w.n, w.k, [&](int64_t r, int64_t j) {
+    const uint8_t byte = w.w[r * (w.k / 2) + j / 2];
+    return e2m1_to_f32(static_cast<uint8_t>(j % 2 ? byte >> 4 : byte & 0x0F)) * e8m0_to_f32(w.scale[r * (w.k / 32) + j / 32]);
+  });
+}
+
+// The first output outside the bound above, or "". `worst` gets the largest |got - want| / (u·S).
+inline std::string first_outside_tile_bound(const std::vector<float>& got, const std::vector<float>& want,
+                                            const std::vector<double>& s, int64_t k, double* worst = nullptr) {
+  if (got.size() != want.size() || got.size() != s.size()) return "sizes differ";
+  const double u = std::ldexp(1.0, -24), kb = static_cast<double>(k / 32);
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i]) && std::isnan(want[i])) continue;
+    const double d = std::fabs(static_cast<double>(got[i]) - want[i]);
+    const double larger = std::max(std::fabs(got[i]), std::fabs(want[i]));
+    const double bf16_ulp = larger > 0 ? std::ldexp(1.0, std::ilogb(larger) - 7) : 0.0;
+    const double bound = (31 + kb + 2 * 67 * kb) * u * s[i] + bf16_ulp;
+    if (worst != nullptr && s[i] > 0) *worst = std::max(*worst, d / (u * s[i]));
+    if (!(d <= bound)) {
+      return "at " + std::to_string(i) + ": " + std::to_string(got[i]) + " vs " + std::to_string(want[i]) +
+             " (bound " + std::to_string(bound) + ")";
+    }
+  }
+  return "";
+}
+
+// What a level's linear output must be: the reference's bits, or (AMX) within the declared bound.
+template <class Matrix>
+std::string linear_disagreement(const Backend& b, const std::vector<float>& got, const std::vector<float>& want,
+                                const float* x, int64_t m, const Matrix& w, double* worst = nullptr) {
+  if (bits_are_the_references(b)) return first_difference(got, want);
+  return first_outside_tile_bound(got, want, abs_product_sums(x, m, w), w.k, worst);
 }
 
 // bf16 activations whose 32-blocks have different magnitudes (so the act_quant scales differ), with

@@ -211,6 +211,8 @@ nlohmann::json bench_cold_prefill(const std::string& dir, const std::shared_ptr<
 // The unit a level's GEMM path runs on (machine_peaks.h's names).
 const char* gemm_unit(Isa level) {
   switch (level) {
+    case Isa::amx_bf16:
+      return "amx_bf16";
     case Isa::avx512_bf16:
       return "avx512_bf16";
     case Isa::avx512:

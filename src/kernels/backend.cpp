@@ -231,6 +231,15 @@ constexpr SimdOps kAvx512Bf16 = [] {
   return ops;
 }();
 
+// The AVX-512-BF16 level with the FP8 and FP4 linear layers on the AMX tiles: not the reference's
+// bits (simd_amx.cpp says what they are), so never the default.
+constexpr SimdOps kAmxBf16 = [] {
+  SimdOps ops = kAvx512Bf16;
+  ops.linear_fp8 = detail::linear_fp8_amx;
+  ops.linear_fp4 = detail::linear_fp4_amx;
+  return ops;
+}();
+
 class SimdBackend final : public Backend {
  public:
   SimdBackend(Isa level, const SimdOps& ops, const BackendOptions& o) : Backend(level, o, ops.tile_rows), ops_(ops) {}
@@ -306,6 +315,10 @@ const Level kLevels[] = {
     {Isa::avx512_bf16,
      [](const BackendOptions& o) -> std::unique_ptr<Backend> {
        return std::make_unique<SimdBackend>(Isa::avx512_bf16, kAvx512Bf16, o);
+     }},
+    {Isa::amx_bf16,
+     [](const BackendOptions& o) -> std::unique_ptr<Backend> {
+       return std::make_unique<SimdBackend>(Isa::amx_bf16, kAmxBf16, o);
      }},
 };
 

@@ -1,6 +1,8 @@
 // cpuid + xgetbv feature detection (Intel SDM vol. 2A "CPUID", vol. 1 §13 "XSAVE-enabled features").
 #include "kernels/cpu_features.h"
 
+#include <algorithm>
+
 #include "kernels/linear_internal.h"
 #include "util/error.h"
 
@@ -58,11 +60,19 @@ CpuFeatures detect() {
   f.bf16_dot_in_order = f.avx512_bf16 && detail::bf16_dot_rounds_in_order();
   if (f.avx512_bf16) f.bf16_dot_over_fma = detail::bf16_dot_over_fma_rate();
   f.amx_bf16 = os_tiles && amx_tile && amx_bf16;
+#if defined(__linux__)
+  // arch/x86/include/uapi/asm/prctl.h: ARCH_REQ_XCOMP_PERM; XFEATURE_XTILEDATA is state component 18.
+  // Granted once for the whole process (the kernel's state, not ours); asking again is harmless.
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  f.amx_permitted = f.amx_bf16 && syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#endif
 #endif
   return f;
 }
 
 Isa best(const CpuFeatures& f) {
+  if (f.amx_permitted && f.avx512_bf16 && f.bf16_dot_in_order) return Isa::amx_bf16;
   if (f.avx512_bf16 && f.bf16_dot_in_order) return Isa::avx512_bf16;
   if (f.avx512) return Isa::avx512;
   if (f.avx2) return Isa::avx2;
@@ -76,22 +86,13 @@ const CpuFeatures& cpu_features() {
   return features;
 }
 
-bool request_amx_permission() {
-  if (!cpu_features().amx_bf16) return false;
-#if defined(__linux__) && DSV41_X86
-  // arch/x86/include/uapi/asm/prctl.h: ARCH_REQ_XCOMP_PERM; XFEATURE_XTILEDATA is state component 18.
-  constexpr long kArchReqXcompPerm = 0x1023;
-  constexpr long kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-#else
-  return false;
-#endif
-}
+bool request_amx_permission() { return cpu_features().amx_permitted; }
 
 Isa detected_isa() { return best(cpu_features()); }
 
 Isa default_isa() {
-  const Isa top = detected_isa();
+  // The AMX level's sums are not the reference's chains (simd_amx.cpp): it runs when asked for.
+  const Isa top = std::min(detected_isa(), Isa::avx512_bf16);
   return top == Isa::avx512_bf16 && cpu_features().bf16_dot_over_fma < 1.0 ? Isa::avx512 : top;
 }
 
@@ -99,6 +100,8 @@ bool isa_supported(Isa isa) { return static_cast<int>(isa) <= static_cast<int>(d
 
 const char* isa_name(Isa isa) {
   switch (isa) {
+    case Isa::amx_bf16:
+      return "amx_bf16";
     case Isa::avx512_bf16:
       return "avx512_bf16";
     case Isa::avx512:
@@ -112,10 +115,10 @@ const char* isa_name(Isa isa) {
 }
 
 Isa parse_isa(const std::string& name, const std::string& where) {
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_bf16}) {
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_bf16, Isa::amx_bf16}) {
     if (name == isa_name(isa)) return isa;
   }
-  fail(where, "must be scalar, avx2, avx512 or avx512_bf16, got \"" + name + "\"");
+  fail(where, "must be scalar, avx2, avx512, avx512_bf16 or amx_bf16, got \"" + name + "\"");
 }
 
 }  // namespace dsv41

@@ -8,7 +8,9 @@
 namespace dsv41 {
 
 // Each level includes the ones below it.
-enum class Isa { scalar = 0, avx2 = 1, avx512 = 2, avx512_bf16 = 3 };
+// amx_bf16 is the AVX-512-BF16 level with the FP8/FP4 linear layers on the AMX tiles; unlike the
+// others it does not give the reference's bits (kernels/simd_amx.cpp), so it is never the default.
+enum class Isa { scalar = 0, avx2 = 1, avx512 = 2, avx512_bf16 = 3, amx_bf16 = 4 };
 
 struct CpuFeatures {
   bool avx2 = false;         // AVX2 + FMA + F16C, with the OS saving ymm state
@@ -22,6 +24,7 @@ struct CpuFeatures {
   // it issues at a quarter of their rate (docs/performance.md). 0 without AVX-512-BF16.
   double bf16_dot_over_fma = 0;
   bool amx_bf16 = false;     // AMX tiles + tdpbf16ps, with the OS able to save tile state (XCR0)
+  bool amx_permitted = false;  // and Linux granted this process the tile data (arch_prctl)
 };
 
 // What the processor and OS support (detected once, by cpuid and xgetbv).
@@ -39,7 +42,7 @@ bool request_amx_permission();
 // True when `isa` can run here.
 bool isa_supported(Isa isa);
 
-// "scalar", "avx2", "avx512" or "avx512_bf16".
+// "scalar", "avx2", "avx512", "avx512_bf16" or "amx_bf16".
 const char* isa_name(Isa isa);
 // The level of that name; an Error naming `where` for any other.
 Isa parse_isa(const std::string& name, const std::string& where);

@@ -1,0 +1,353 @@
+// AMX-BF16 kernels: the FP8 and FP4 linear layers on the tile unit (tdpbf16ps: a 16×32 bf16 tile of
+// activations times a 32×16 bf16 tile of weights into a 16×16 fp32 tile, 16,384 FLOPs an
+// instruction). The weights stay in the checkpoint's formats (or the load-time packing of them);
+// each 32-row weight tile is widened, a panel of K blocks at a time, into a cache-resident bf16
+// buffer and reused by every activation row. The level's other ops are the AVX-512-BF16 level's.
+//
+// The numerics are this level's own, declared rather than the reference's bits:
+//  * the operands are exact: a widened weight is its e4m3 (or e2m1) value times its power-of-two
+//    block scale, an activation its act_quant'ed e4m3 value times its power-of-two block scale; at
+//    most 4 significant bits each, so bf16 holds them and every product is exact in fp32. Where a
+//    scale would put an operand outside [2^-60, 2^40] (so that a product could be subnormal, which
+//    the tile flushes, or a sum could overflow), that row or that weight tile takes the AVX-512
+//    level's path instead, which has the reference's bits;
+//  * the sum is not the reference's chain. The reference sums each 32-block's products in one fp32
+//    chain, rounding after every add, then adds the block times its scales. With the scales folded
+//    into the operands, the tile unit sums all of K in its accumulator, 32 products an
+//    instruction, and rounds as it does: probed on this project's Xeon (Sapphire Rapids class), a
+//    pair of products is added exactly and rounded once, and several pairs are aligned to the
+//    largest and summed with the low bits of the smaller ones cut, so neither the chain's bits nor
+//    the exactly rounded sum's come out. Both sums are within a few fp32 units in the last place
+//    of Σ|a·w| per instruction and per block; the op harness bounds the difference from the
+//    reference by that (tests/ops_test.cpp) and the golden tests state the agreement it leaves;
+//  * a row's result depends on its own activations and the weights only: every row, whatever the
+//    batch, runs the same instructions over the same K blocks in the same order (tile rows are
+//    independent in the unit), so batching and chunking never change a bit. There is no switch by
+//    row count: a decode step (m = 1) runs on the tiles too, else a prompt and its decode would
+//    disagree with the speculative verifier's batch.
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/linear_internal.h"
+#include "kernels/reference.h"
+#include "kernels/torch_math.h"
+#include "numeric/formats.h"
+#include "numeric/quant.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(                                                                                \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c,amx-tile,amx-bf16"))), \
+    apply_to = function)
+#pragma clang fp contract(off)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c,amx-tile,amx-bf16")
+#pragma GCC optimize("fp-contract=off")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace dsv41::detail::amx {
+
+#include "kernels/simd_avx512_ops.h"
+
+#include "kernels/linear_simd_impl.h"
+
+// ---- tiles ----------------------------------------------------------------------------------------
+
+// Palette 1 (Intel SDM vol. 1 §18.2): tiles 0-3 accumulate (16 rows × 16 fp32), 4-5 hold activation
+// rows (16 × 32 bf16), 6-7 weight pairs (16 pair rows × 16 outputs × 2 bf16). Every tile is 16 rows
+// of 64 bytes; a matrix with fewer rows is padded with zero rows, so one configuration serves all.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// The calling thread's tile state, configured for the life of the object (the state is per thread).
+struct TileScope {
+  TileScope() {
+    TileConfig cfg;
+    for (int t = 0; t < 8; ++t) {
+      cfg.colsb[t] = 64;
+      cfg.rows[t] = 16;
+    }
+    _tile_loadconfig(&cfg);
+  }
+  ~TileScope() { _tile_release(); }
+  TileScope(const TileScope&) = delete;
+  TileScope& operator=(const TileScope&) = delete;
+};
+
+constexpr int64_t kTileM = 16;           // activation rows per A tile
+constexpr int64_t kPanelBlocks = 16;     // K blocks widened at a time: 32 rows × 512 k × 2 B = 32 KiB
+constexpr int64_t kBlockPairs = 16 * 16 * 2;  // uint32 pairs of one K block of a weight tile (2 B tiles)
+
+// An operand's magnitude range where the tile unit's flush of subnormals and the fp32 range cannot
+// bite: products of two such values lie in [2^-120, 2^80], sums of up to 2^20 of them below 2^100.
+// Scales are checked, the values they multiply being e4m3 (|v| in [2^-9, 448], and the prescale) or
+// e2m1 ([0.5, 6]).
+constexpr float kMinScaleW = 0x1p-43f, kMaxScaleW = 0x1p31f;  // weight values up to 1.75 (fp8) or 6
+constexpr float kMinScaleA = 0x1p-51f, kMaxScaleA = 0x1p23f;  // activations in [2^-9, 2^17]
+
+inline uint32_t bits(float f) {
+  uint32_t u = 0;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// A decoder's sink (linear_simd_impl.h) that widens a tile's weights, times their block scales, into
+// the B tiles' pair layout: block rb of the panel holds B tile v (outputs in the decoder's lane order
+// of vector v) at panel[rb][v][q][lane] = (w[k = 2q], w[2q + 1]) as (low, high) bf16 halves.
+struct WidenSink {
+  uint32_t* panel;
+  const float* ws;  // the tile's weight scales [kb][2][W]
+  int64_t c0 = 0;
+  uint32_t* base = nullptr;
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  __m512i even0 = _mm512_setzero_si512(), even1 = _mm512_setzero_si512();
+  void begin(int64_t b) {
+    base = panel + (b - c0) * kBlockPairs;
+    s0 = V::load(ws + (2 * b) * V::W);
+    s1 = V::load(ws + (2 * b + 1) * V::W);
+  }
+  void w(int j, __m512 v0, __m512 v1) {  // j = 0..31 in order; products by powers of two: exact
+    const __m512i b0 = _mm512_castps_si512(V::mul(v0, s0)), b1 = _mm512_castps_si512(V::mul(v1, s1));
+    if ((j & 1) == 0) {
+      even0 = _mm512_srli_epi32(b0, 16);
+      even1 = _mm512_srli_epi32(b1, 16);
+      return;
+    }
+    const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+    uint32_t* p = base + (j / 2) * 16;
+    _mm512_storeu_si512(p, _mm512_or_si512(_mm512_and_si512(b0, high), even0));
+    _mm512_storeu_si512(p + 256, _mm512_or_si512(_mm512_and_si512(b1, high), even1));
+  }
+  void end(int64_t) {}
+};
+
+// The activations as the A tiles read them: bf16 [m_pad][k] (rows past m zero), each value its
+// prescaled act_quant'ed e4m3 value times its block scale (the decoders' weights carry the inverse of
+// the prescale, so each product is the reference's a·w·a_s·w_s exactly). ok[i] is false for
+// a row whose scales leave the safe range or that holds a NaN.
+struct Activations {
+  int64_t m = 0, m_pad = 0, k = 0;
+  std::vector<uint16_t> values;
+  std::vector<char> ok;
+};
+
+Activations widen_activations(const Exec& ex, const QuantizedActivations& qa, bool parallel) {
+  Activations a;
+  a.m = qa.m;
+  a.k = qa.k;
+  a.m_pad = (qa.m + kTileM - 1) / kTileM * kTileM;
+  a.values.assign(static_cast<size_t>(a.m_pad * a.k), 0);
+  a.ok.assign(static_cast<size_t>(a.m), 1);
+  const int64_t kb = qa.k / kQBlock;
+  const auto rows = [&](int64_t i0, int64_t i1, Scratch&) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float* x = qa.row(i);
+      const float* s = qa.row_scales(i);
+      uint16_t* out = a.values.data() + i * a.k;
+      bool ok = true;
+      for (int64_t b = 0; b < kb; ++b) {
+        ok = ok && s[b] >= kMinScaleA && s[b] <= kMaxScaleA;
+        const __m512 scale = V::set1(s[b]);
+        for (int h = 0; h < 2; ++h) {
+          const __m512 v = V::mul(V::load(x + b * kQBlock + h * 16), scale);
+          ok = ok && _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) == 0;
+          const __m512i top = _mm512_srli_epi32(_mm512_castps_si512(v), 16);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + b * kQBlock + h * 16), _mm512_cvtepi32_epi16(top));
+        }
+      }
+      a.ok[i] = ok;
+    }
+  };
+  ex.run(parallel && a.m > 1, a.m, 1, rows);
+  return a;
+}
+
+// Whether a tile's weight scales (fp32 lanes [kb][2][W]) keep every widened weight in range.
+bool scales_in_range(const float* ws, int64_t kb) {
+  for (int64_t i = 0; i < kb * kTileRows; ++i) {
+    if (!(ws[i] >= kMinScaleW && ws[i] <= kMaxScaleW)) return false;
+  }
+  return true;
+}
+
+// The reference's computation of one weight tile for every row (a tile with NaN codes or scales out
+// of range).
+template <class Kind>
+void tile_reference(const QuantizedActivations& qa, const typename Kind::Matrix& w, float* y, int64_t row0, int count) {
+  if constexpr (std::is_same_v<Kind, Fp8Kind>) {
+    tile_scalar<Kind>(qa, w, y, row0, count);
+  } else {
+    float table16[16];
+    for (int c = 0; c < 16; ++c) table16[c] = e2m1_to_f32(static_cast<uint8_t>(c));
+    const int64_t kb = w.k / kQBlock;
+    for (int64_t i = 0; i < qa.m; ++i) {
+      for (int r = 0; r < count; ++r) {
+        const int64_t n = row0 + r;
+        y[i * w.n + n] = round_bf16(
+            fp4_dot_scalar(qa.row(i), qa.row_scales(i), w.w + n * (w.k / 2), w.scale + n * kb, w.k, table16));
+      }
+    }
+  }
+}
+
+// Activation rows [i0, i0 + 16·R) × one weight tile (two B tiles) over the panel's blocks [c0, c1):
+// the accumulators live in acc ([m_pad][32] fp32) between panels.
+template <int R>
+void tile_rows(const Activations& a, const uint32_t* panel, int64_t i0, int64_t c0, int64_t c1, float* acc) {
+  float* c = acc + i0 * kTileRows;
+  const int64_t cstride = kTileRows * 4;  // bytes per accumulator row
+  if (c0 == 0) {
+    _tile_zero(0);
+    _tile_zero(1);
+    if constexpr (R == 2) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+  } else {
+    _tile_loadd(0, c, cstride);
+    _tile_loadd(1, c + 16, cstride);
+    if constexpr (R == 2) {
+      _tile_loadd(2, c + 16 * kTileRows, cstride);
+      _tile_loadd(3, c + 16 * kTileRows + 16, cstride);
+    }
+  }
+  const int64_t astride = a.k * 2;
+  for (int64_t b = c0; b < c1; ++b) {
+    const uint16_t* x = a.values.data() + i0 * a.k + b * kQBlock;
+    const uint32_t* p = panel + (b - c0) * kBlockPairs;
+    _tile_loadd(4, x, astride);
+    _tile_loadd(6, p, 64);
+    _tile_loadd(7, p + 256, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if constexpr (R == 2) {
+      _tile_loadd(5, x + 16 * a.k, astride);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c, cstride);
+  _tile_stored(1, c + 16, cstride);
+  if constexpr (R == 2) {
+    _tile_stored(2, c + 16 * kTileRows, cstride);
+    _tile_stored(3, c + 16 * kTileRows + 16, cstride);
+  }
+}
+
+// Outputs [r0, r1) of y[m, n] (r0 a multiple of 32), from the checkpoint's layout or the packed tiles.
+template <class Kind>
+void gemm_tiles(const Activations& a, const QuantizedActivations& qa, const typename Kind::Matrix& w, float* y,
+                int64_t r0, int64_t r1, Scratch& s) {
+  const int64_t kb = w.k / kQBlock;
+  const bool packed = w.packed.tile_rows == kTileRows;
+  float* ws = s.get<float>(ScratchSlot::LinearScales, static_cast<size_t>(kb * kTileRows));
+  uint32_t* panel = s.get<uint32_t>(ScratchSlot::LinearPanel, static_cast<size_t>(kPanelBlocks * kBlockPairs));
+  float* acc = s.get<float>(ScratchSlot::LinearAcc, static_cast<size_t>(a.m_pad * kTileRows));
+  const uint8_t* blk[kTileRows];
+  const TileScope tiles;
+  for (int64_t row0 = r0; row0 < r1; row0 += kTileRows) {
+    const int64_t tile = row0 / kTileRows;
+    const int count = static_cast<int>(std::min<int64_t>(kTileRows, r1 - row0));
+    std::optional<Tile<Kind>> rows;  // the checkpoint's layout
+    if (packed) {
+      Kind::packed_scales(w, tile, ws);
+    } else {
+      rows.emplace(w, row0, r1, s);
+      Kind::tile_scales(w, row0, count, ws);
+    }
+    if ((packed && packed_nan<Kind>(w, tile)) || !scales_in_range(ws, kb)) {
+      tile_reference<Kind>(qa, w, y, row0, count);
+      continue;
+    }
+    bool nan = false;
+    for (int64_t c0 = 0; c0 < kb; c0 += kPanelBlocks) {
+      const int64_t c1 = std::min(kb, c0 + kPanelBlocks);
+      WidenSink sink{panel, ws, c0};
+      for (int64_t b = c0; b < c1; ++b) {
+        if (packed) {
+          Kind::PDec::step(packed_block<Kind>(w, tile, b), b, sink);
+        } else {
+          rows->block(b, blk, s);
+          Kind::Dec::step(blk, b, sink, nan);
+        }
+      }
+      int64_t i0 = 0;
+      for (; i0 + 2 * kTileM <= a.m_pad; i0 += 2 * kTileM) tile_rows<2>(a, panel, i0, c0, c1, acc);
+      if (i0 < a.m_pad) tile_rows<1>(a, panel, i0, c0, c1, acc);
+    }
+    if (nan) {
+      tile_reference<Kind>(qa, w, y, row0, count);
+      continue;
+    }
+    for (int64_t i = 0; i < a.m; ++i) {
+      const float* c = acc + i * kTileRows;
+      const V::F v0 = finish<Kind>(V::load(c)), v1 = finish<Kind>(V::load(c + V::W));
+      packed ? Kind::PDec::store(y + i * w.n + row0, v0, v1, count) : Kind::Dec::store(y + i * w.n + row0, v0, v1, count);
+    }
+  }
+}
+
+template <class Kind>
+void run_linear_tiles(const Exec& ex, const float* x, int64_t m, const typename Kind::Matrix& w, float* y,
+                      void (*row_fallback)(const Exec&, const float*, int64_t, const typename Kind::Matrix&, float*)) {
+  static_assert(Kind::kScaled, "the tile GEMM is for the quantized kinds: their operands are exact in bf16");
+  if (m <= 0 || w.n <= 0) return;
+  assert(w.k % kQBlock == 0 && "act_quant needs K in whole blocks of 32");
+  const bool parallel = w.n * w.k >= kParallelMin;
+  const QuantizedActivations qa = quantize_rows(&ex, x, m, w.k, Kind::kPrescale, parallel);
+  const Activations a = widen_activations(ex, qa, parallel);
+  ex.run(parallel, w.n, kTileRows,
+         [&](int64_t r0, int64_t r1, Scratch& s) { gemm_tiles<Kind>(a, qa, w, y, r0, r1, s); });
+  for (int64_t i = 0; i < m; ++i) {
+    if (!a.ok[i]) row_fallback(ex, x + i * w.k, 1, w, y + i * w.n);
+  }
+}
+
+}  // namespace dsv41::detail::amx
+
+namespace dsv41::detail {
+
+void linear_fp8_amx(const Exec& ex, const float* x, int64_t m, const Fp8Matrix& w, float* y) {
+  amx::run_linear_tiles<amx::Fp8Kind>(ex, x, m, w, y, linear_fp8_avx512);
+}
+void linear_fp4_amx(const Exec& ex, const float* x, int64_t m, const Fp4Matrix& w, float* y) {
+  amx::run_linear_tiles<amx::Fp4Kind>(ex, x, m, w, y, linear_fp4_avx512);
+}
+
+}  // namespace dsv41::detail
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+
+#else  // not x86: the level is never available; the references stand in so the build links
+
+namespace dsv41::detail {
+void linear_fp8_amx(const Exec&, const float* x, int64_t m, const Fp8Matrix& w, float* y) {
+  reference::linear_fp8(x, m, w, y);
+}
+void linear_fp4_amx(const Exec&, const float* x, int64_t m, const Fp4Matrix& w, float* y) {
+  reference::linear_fp4(x, m, w, y);
+}
+}  // namespace dsv41::detail
+
+#endif

@@ -579,7 +579,7 @@ TEST(CliBench, GemmIsReportedAgainstTheRegisterOnlyPeaks) {
   const std::pair<std::string, std::array<int64_t, 2>> shapes[] = {
       {"linear_fp8", {2304, 5120}}, {"linear_fp4", {2304, 5120}}, {"linear_fp4", {5120, 2304}}};
   const std::map<std::string, std::string> unit_of = {
-      {"avx2", "avx2_fp32_fma"}, {"avx512", "avx512_fp32_fma"}, {"avx512_bf16", "avx512_bf16"}};
+      {"avx2", "avx2_fp32_fma"}, {"avx512", "avx512_fp32_fma"}, {"avx512_bf16", "avx512_bf16"}, {"amx_bf16", "amx_bf16"}};
   for (size_t i = 0; i < gemm.size(); ++i) {
     const auto& g = gemm[i];
     EXPECT_EQ(g["level"], levels[i / 6]) << g;

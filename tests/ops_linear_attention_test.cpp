@@ -88,6 +88,42 @@ TEST(KernelsSimd, Fp4MatchesScalar) {
   }
 }
 
+// Every level, the AMX one included (whose bits are its own): a row's output is the same alone, in
+// a decode-sized batch and in a prompt-sized one, so batching, chunking and speculative verification
+// never change a token.
+TEST(KernelsSimd, ARowsOutputDoesNotDependOnItsBatch) {
+  std::mt19937 rng(14);
+  const int64_t n = 70, k = 544, big = 37;
+  const std::vector<float> x = random_activations(rng, big, k);
+  const std::vector<uint8_t> w8 = random_e4m3(rng, static_cast<size_t>(n * k));
+  const std::vector<uint8_t> s8 = random_scales(rng, static_cast<size_t>(((n + 31) / 32) * (k / 32)));
+  const std::vector<uint8_t> w4 = random_bytes(rng, static_cast<size_t>(n * k / 2));
+  const std::vector<uint8_t> s4 = random_scales(rng, static_cast<size_t>(n * (k / 32)));
+  for (const Backend* be : fast_backends()) {
+    std::unique_ptr<PackedWeights> p8, p4;
+    const Fp8Matrix m8 = packed_for(*be, Fp8Matrix{w8.data(), s8.data(), n, k}, p8);
+    const Fp4Matrix m4 = packed_for(*be, Fp4Matrix{w4.data(), s4.data(), n, k}, p4);
+    for (const bool fp8 : {true, false}) {
+      const auto run = [&](int64_t first, int64_t rows) {
+        std::vector<float> y(static_cast<size_t>(rows * n));
+        fp8 ? be->linear_fp8(x.data() + first * k, rows, m8, y.data())
+            : be->linear_fp4(x.data() + first * k, rows, m4, y.data());
+        return y;
+      };
+      const std::vector<float> all = run(0, big);
+      for (const int64_t first : {int64_t{0}, int64_t{5}, int64_t{36}}) {
+        for (const int64_t rows : {int64_t{1}, int64_t{4}}) {
+          if (first + rows > big) continue;
+          const std::vector<float> part = run(first, rows);
+          const std::vector<float> want(all.begin() + first * n, all.begin() + (first + rows) * n);
+          EXPECT_EQ(first_difference(part, want), "")
+              << (fp8 ? "fp8 " : "fp4 ") << label(*be) << " rows " << first << "+" << rows;
+        }
+      }
+    }
+  }
+}
+
 TEST(KernelsSimd, Bf16AndF32MatchScalar) {
   std::mt19937 rng(13);
   // K need not be a multiple of 32 here: partial last blocks, K shorter than one block, and K = 0.

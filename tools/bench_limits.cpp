@@ -59,7 +59,7 @@ double best_gflops(int64_t m, int64_t k, int64_t n, int reps, F&& call) {
 
 std::vector<float> activations(int64_t m, int64_t k) {
   std::vector<float> x(static_cast<size_t>(m * k));
-  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i % 17) - 8) * 0.125f;
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(static_cast<int>(i % 17) - 8) * 0.125f;  // -1 .. 1
   return x;
 }
 }  // namespace

@@ -94,12 +94,13 @@ constexpr int64_t kTileM = 16;           // activation rows per A tile
 constexpr int64_t kPanelBlocks = 16;     // K blocks widened at a time: 32 rows × 512 k × 2 B = 32 KiB
 constexpr int64_t kBlockPairs = 16 * 16 * 2;  // uint32 pairs of one K block of a weight tile (2 B tiles)
 
-// An operand's magnitude range where the tile unit's flush of subnormals and the fp32 range cannot
-// bite: products of two such values lie in [2^-120, 2^80], sums of up to 2^20 of them below 2^100.
-// Scales are checked, the values they multiply being e4m3 (|v| in [2^-9, 448], and the prescale) or
-// e2m1 ([0.5, 6]).
-constexpr float kMinScaleW = 0x1p-43f, kMaxScaleW = 0x1p31f;  // weight values up to 1.75 (fp8) or 6
-constexpr float kMinScaleA = 0x1p-51f, kMaxScaleA = 0x1p23f;  // activations in [2^-9, 2^17]
+// Operands within [2^-60, 2^50] (activations) and [2^-60, 2^40] (weights), where the tile unit's
+// flush of subnormals and the fp32 range cannot bite: their products lie in [2^-120, 2^90], sums of
+// up to 2^20 of them below 2^110. The scales are checked: the values they multiply are prescaled
+// e4m3 activations (|v| in [2^-1, 2^17]; FP4 layers [2^-9, 448]) and decoded weights (e4m3·2^-8 in
+// [2^-17, 1.75]; e2m1 in [0.5, 6]).
+constexpr float kMinScaleW = 0x1p-43f, kMaxScaleW = 0x1p37f;
+constexpr float kMinScaleA = 0x1p-51f, kMaxScaleA = 0x1p33f;
 
 inline uint32_t bits(float f) {
   uint32_t u = 0;

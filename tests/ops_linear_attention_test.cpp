@@ -46,6 +46,7 @@ const std::vector<Shape> kQuantShapes = {
 
 TEST(KernelsSimd, Fp8MatchesScalar) {
   std::mt19937 rng(11);
+  double worst = 0;  // the AMX level's largest |got - want| / (u·S), against its bound's 2·67·kb + kb + 31
   for (const Backend* be : fast_backends()) {
     for (const Shape& s : kQuantShapes) {
       const std::vector<float> x = random_activations(rng, s.m, s.k);
@@ -55,7 +56,7 @@ TEST(KernelsSimd, Fp8MatchesScalar) {
       std::vector<float> want(static_cast<size_t>(s.m * s.n)), got(want.size(), -1.0f);
       reference::linear_fp8(x.data(), s.m, mat, want.data());
       be->linear_fp8(x.data(), s.m, mat, got.data());
-      EXPECT_EQ(linear_disagreement(*be, got, want, x.data(), s.m, mat), "") << describe(*be, s);
+      EXPECT_EQ(linear_disagreement(*be, got, want, x.data(), s.m, mat, &worst), "") << describe(*be, s);
       const std::vector<float> row_major = got;
       std::unique_ptr<PackedWeights> packed;
       const auto mat_packed = packed_for(*be, mat, packed);
@@ -64,6 +65,7 @@ TEST(KernelsSimd, Fp8MatchesScalar) {
       EXPECT_EQ(first_difference(got, row_major), "") << "packed " << describe(*be, s);
     }
   }
+  if (worst > 0) std::printf("[simd] amx_bf16 linear_fp8: largest |got - want| / (u·S) %.1f\n", worst);
 }
 
 TEST(KernelsSimd, Fp4MatchesScalar) {

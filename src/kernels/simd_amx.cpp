@@ -91,7 +91,7 @@ struct TileScope {
 };
 
 constexpr int64_t kTileM = 16;           // activation rows per A tile
-constexpr int64_t kPanelBlocks = 16;     // K blocks widened at a time: 32 rows × 512 k × 2 B = 32 KiB
+constexpr int64_t kPanelBlocks = 8;  // K blocks widened at a time: 32 rows × 256 k × 2 B = 16 KiB
 constexpr int64_t kBlockPairs = 16 * 16 * 2;  // uint32 pairs of one K block of a weight tile (2 B tiles)
 
 // Operands within [2^-60, 2^50] (activations) and [2^-60, 2^40] (weights), where the tile unit's
@@ -115,30 +115,29 @@ struct WidenSink {
   uint32_t* panel;
   const float* ws;  // the tile's weight scales [kb][2][W]
   int64_t c0 = 0;
-  uint32_t* base = nullptr;
+  uint16_t* base = nullptr;
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-  __m512i even0 = _mm512_setzero_si512(), even1 = _mm512_setzero_si512();
   void begin(int64_t b) {
-    base = panel + (b - c0) * kBlockPairs;
+    base = reinterpret_cast<uint16_t*>(panel + (b - c0) * kBlockPairs);
     s0 = V::load(ws + (2 * b) * V::W);
     s1 = V::load(ws + (2 * b + 1) * V::W);
   }
-  void w(int j, __m512 v0, __m512 v1) {  // j = 0..31 in order; products by powers of two: exact
-    const __m512i b0 = _mm512_castps_si512(V::mul(v0, s0)), b1 = _mm512_castps_si512(V::mul(v1, s1));
-    if ((j & 1) == 0) {
-      even0 = _mm512_srli_epi32(b0, 16);
-      even1 = _mm512_srli_epi32(b1, 16);
-      return;
-    }
-    const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-    uint32_t* p = base + (j / 2) * 16;
-    _mm512_storeu_si512(p, _mm512_or_si512(_mm512_and_si512(b0, high), even0));
-    _mm512_storeu_si512(p + 256, _mm512_or_si512(_mm512_and_si512(b1, high), even1));
+  // j = 0..31 in order. The products by powers of two are exact, so a bf16 is the top half of its
+  // fp32; an even k goes to the low half of its pair, an odd one to the high half, by a masked
+  // 16-bit store (no branch on j).
+  void w(int j, __m512 v0, __m512 v1) {
+    const int odd = j & 1;
+    const __mmask32 halves = 0x55555555u << odd;
+    const __m128i shift = _mm_cvtsi32_si128(16 - 16 * odd);
+    uint16_t* p = base + (j / 2) * 32;
+    _mm512_mask_storeu_epi16(p, halves, _mm512_srl_epi32(_mm512_castps_si512(V::mul(v0, s0)), shift));
+    _mm512_mask_storeu_epi16(p + 512, halves, _mm512_srl_epi32(_mm512_castps_si512(V::mul(v1, s1)), shift));
   }
   void end(int64_t) {}
 };
 
-// The activations as the A tiles read them: bf16 [m_pad][k] (rows past m zero), each value its
+// The activations as the A tiles read them, each tile's 1 KiB contiguous (so a tile load touches
+// 16 consecutive cache lines, not 16 pages): bf16 [m_pad/16][k/32][16][32], rows past m zero, each value its
 // prescaled act_quant'ed e4m3 value times its block scale (the decoders' weights carry the inverse of
 // the prescale, so each product is the reference's a·w·a_s·w_s exactly). ok[i] is false for
 // a row whose scales leave the safe range or that holds a NaN.
@@ -160,7 +159,7 @@ Activations widen_activations(const Exec& ex, const QuantizedActivations& qa, bo
     for (int64_t i = i0; i < i1; ++i) {
       const float* x = qa.row(i);
       const float* s = qa.row_scales(i);
-      uint16_t* out = a.values.data() + i * a.k;
+      uint16_t* out = a.values.data() + (i / kTileM) * kTileM * a.k + (i % kTileM) * kQBlock;
       bool ok = true;
       for (int64_t b = 0; b < kb; ++b) {
         ok = ok && s[b] >= kMinScaleA && s[b] <= kMaxScaleA;
@@ -169,7 +168,8 @@ Activations widen_activations(const Exec& ex, const QuantizedActivations& qa, bo
           const __m512 v = V::mul(V::load(x + b * kQBlock + h * 16), scale);
           ok = ok && _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) == 0;
           const __m512i top = _mm512_srli_epi32(_mm512_castps_si512(v), 16);
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + b * kQBlock + h * 16), _mm512_cvtepi32_epi16(top));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + b * kTileM * kQBlock + h * 16),
+                              _mm512_cvtepi32_epi16(top));
         }
       }
       a.ok[i] = ok;
@@ -181,10 +181,13 @@ Activations widen_activations(const Exec& ex, const QuantizedActivations& qa, bo
 
 // Whether a tile's weight scales (fp32 lanes [kb][2][W]) keep every widened weight in range.
 bool scales_in_range(const float* ws, int64_t kb) {
-  for (int64_t i = 0; i < kb * kTileRows; ++i) {
-    if (!(ws[i] >= kMinScaleW && ws[i] <= kMaxScaleW)) return false;
+  const __m512 lo = V::set1(kMinScaleW), hi = V::set1(kMaxScaleW);
+  __mmask16 bad = 0;
+  for (int64_t i = 0; i < kb * kTileRows; i += V::W) {
+    const __m512 v = V::load(ws + i);  // NaN (code 0xFF) compares false: out of range
+    bad |= static_cast<__mmask16>(~(_mm512_cmp_ps_mask(v, lo, _CMP_GE_OQ) & _mm512_cmp_ps_mask(v, hi, _CMP_LE_OQ)));
   }
-  return true;
+  return bad == 0;
 }
 
 // The reference's computation of one weight tile for every row (a tile with NaN codes or scales out
@@ -228,17 +231,16 @@ void tile_rows(const Activations& a, const uint32_t* panel, int64_t i0, int64_t 
       _tile_loadd(3, c + 16 * kTileRows + 16, cstride);
     }
   }
-  const int64_t astride = a.k * 2;
   for (int64_t b = c0; b < c1; ++b) {
-    const uint16_t* x = a.values.data() + i0 * a.k + b * kQBlock;
+    const uint16_t* x = a.values.data() + i0 * a.k + b * kTileM * kQBlock;
     const uint32_t* p = panel + (b - c0) * kBlockPairs;
-    _tile_loadd(4, x, astride);
+    _tile_loadd(4, x, 64);
     _tile_loadd(6, p, 64);
     _tile_loadd(7, p + 256, 64);
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
     if constexpr (R == 2) {
-      _tile_loadd(5, x + 16 * a.k, astride);
+      _tile_loadd(5, x + kTileM * a.k, 64);
       _tile_dpbf16ps(2, 5, 6);
       _tile_dpbf16ps(3, 5, 7);
     }

@@ -560,6 +560,18 @@ TEST(Backends, TwoBackendsRunAtOnce) {
   EXPECT_EQ(errors[1], "") << label(*b);
 }
 
+// The AMX level is tested by the op tests above wherever it runs; say so where it does not.
+TEST(KernelsSimd, AmxLevelIsTestedWhereItRuns) {
+  if (!isa_supported(Isa::amx_bf16)) {
+    GTEST_SKIP() << "this CPU or kernel has no AMX-BF16 tiles for this process: the amx_bf16 level "
+                    "(simd_amx.cpp) is not run here";
+  }
+  int seen = 0;
+  for (const Backend* be : fast_backends()) seen += be->level() == Isa::amx_bf16;
+  EXPECT_EQ(seen, 2) << "the op tests run the level at 1 and 3 threads";
+  EXPECT_NE(default_isa(), Isa::amx_bf16) << "its sums are not the reference's: never the default";
+}
+
 TEST(CpuFeatures, NamesAndLevels) {
   EXPECT_STREQ(isa_name(Isa::scalar), "scalar");
   EXPECT_STREQ(isa_name(Isa::avx2), "avx2");

@@ -210,27 +210,10 @@ void tile_reference(const QuantizedActivations& qa, const typename Kind::Matrix&
   }
 }
 
-// Activation rows [i0, i0 + 16·R) × one weight tile (two B tiles) over the panel's blocks [c0, c1):
-// the accumulators live in acc ([m_pad][32] fp32) between panels.
+// The tile unit's work for activation rows [i0, i0 + 16·R) × one weight tile (two B tiles) over the
+// panel's blocks [c0, c1), into accumulator tiles 0-1 (rows i0..) and 2-3 (rows i0 + 16..).
 template <int R>
-void tile_rows(const Activations& a, const uint32_t* panel, int64_t i0, int64_t c0, int64_t c1, float* acc) {
-  float* c = acc + i0 * kTileRows;
-  const int64_t cstride = kTileRows * 4;  // bytes per accumulator row
-  if (c0 == 0) {
-    _tile_zero(0);
-    _tile_zero(1);
-    if constexpr (R == 2) {
-      _tile_zero(2);
-      _tile_zero(3);
-    }
-  } else {
-    _tile_loadd(0, c, cstride);
-    _tile_loadd(1, c + 16, cstride);
-    if constexpr (R == 2) {
-      _tile_loadd(2, c + 16 * kTileRows, cstride);
-      _tile_loadd(3, c + 16 * kTileRows + 16, cstride);
-    }
-  }
+void dot_blocks(const Activations& a, const uint32_t* panel, int64_t i0, int64_t c0, int64_t c1) {
   for (int64_t b = c0; b < c1; ++b) {
     const uint16_t* x = a.values.data() + i0 * a.k + b * kTileM * kQBlock;
     const uint32_t* p = panel + (b - c0) * kBlockPairs;
@@ -245,12 +228,46 @@ void tile_rows(const Activations& a, const uint32_t* panel, int64_t i0, int64_t 
       _tile_dpbf16ps(3, 5, 7);
     }
   }
-  _tile_stored(0, c, cstride);
-  _tile_stored(1, c + 16, cstride);
+}
+
+// Accumulator tiles to and from acc ([m_pad][32] fp32) for rows [i0, i0 + 16·R).
+constexpr int64_t kAccStride = kTileRows * 4;  // bytes per accumulator row
+template <int R>
+void zero_acc() {
+  _tile_zero(0);
+  _tile_zero(1);
   if constexpr (R == 2) {
-    _tile_stored(2, c + 16 * kTileRows, cstride);
-    _tile_stored(3, c + 16 * kTileRows + 16, cstride);
+    _tile_zero(2);
+    _tile_zero(3);
   }
+}
+template <int R>
+void load_acc(const float* acc, int64_t i0) {
+  const float* c = acc + i0 * kTileRows;
+  _tile_loadd(0, c, kAccStride);
+  _tile_loadd(1, c + 16, kAccStride);
+  if constexpr (R == 2) {
+    _tile_loadd(2, c + 16 * kTileRows, kAccStride);
+    _tile_loadd(3, c + 16 * kTileRows + 16, kAccStride);
+  }
+}
+template <int R>
+void store_acc(float* acc, int64_t i0) {
+  float* c = acc + i0 * kTileRows;
+  _tile_stored(0, c, kAccStride);
+  _tile_stored(1, c + 16, kAccStride);
+  if constexpr (R == 2) {
+    _tile_stored(2, c + 16 * kTileRows, kAccStride);
+    _tile_stored(3, c + 16 * kTileRows + 16, kAccStride);
+  }
+}
+
+// Many rows: per panel, each 32-row group's accumulators are loaded, advanced and stored back.
+template <int R>
+void panel_rows(const Activations& a, const uint32_t* panel, int64_t i0, int64_t c0, int64_t c1, float* acc) {
+  c0 == 0 ? zero_acc<R>() : load_acc<R>(acc, i0);
+  dot_blocks<R>(a, panel, i0, c0, c1);
+  store_acc<R>(acc, i0);
 }
 
 // Outputs [r0, r1) of y[m, n] (r0 a multiple of 32), from the checkpoint's layout or the packed tiles.
@@ -279,6 +296,10 @@ void gemm_tiles(const Activations& a, const QuantizedActivations& qa, const type
       continue;
     }
     bool nan = false;
+    // Up to 32 rows (decode steps, speculative verification): the accumulators stay in their tiles
+    // over all of K. The same instructions on the same values either way, so the same bits.
+    const bool resident = a.m_pad <= 2 * kTileM;
+    if (resident) a.m_pad == kTileM ? zero_acc<1>() : zero_acc<2>();
     for (int64_t c0 = 0; c0 < kb; c0 += kPanelBlocks) {
       const int64_t c1 = std::min(kb, c0 + kPanelBlocks);
       WidenSink sink{panel, ws, c0};
@@ -290,10 +311,15 @@ void gemm_tiles(const Activations& a, const QuantizedActivations& qa, const type
           Kind::Dec::step(blk, b, sink, nan);
         }
       }
+      if (resident) {
+        a.m_pad == kTileM ? dot_blocks<1>(a, panel, 0, c0, c1) : dot_blocks<2>(a, panel, 0, c0, c1);
+        continue;
+      }
       int64_t i0 = 0;
-      for (; i0 + 2 * kTileM <= a.m_pad; i0 += 2 * kTileM) tile_rows<2>(a, panel, i0, c0, c1, acc);
-      if (i0 < a.m_pad) tile_rows<1>(a, panel, i0, c0, c1, acc);
+      for (; i0 + 2 * kTileM <= a.m_pad; i0 += 2 * kTileM) panel_rows<2>(a, panel, i0, c0, c1, acc);
+      if (i0 < a.m_pad) panel_rows<1>(a, panel, i0, c0, c1, acc);
     }
+    if (resident) a.m_pad == kTileM ? store_acc<1>(acc, 0) : store_acc<2>(acc, 0);
     if (nan) {
       tile_reference<Kind>(qa, w, y, row0, count);
       continue;

@@ -95,31 +95,48 @@ TEST(KernelsSimd, Fp4MatchesScalar) {
 // never change a token.
 TEST(KernelsSimd, ARowsOutputDoesNotDependOnItsBatch) {
   std::mt19937 rng(14);
-  const int64_t n = 70, k = 544, big = 37;
+  const int64_t n = 70, k = 544, big = 1040;  // more than one AMX row block (1024)
   const std::vector<float> x = random_activations(rng, big, k);
   const std::vector<uint8_t> w8 = random_e4m3(rng, static_cast<size_t>(n * k));
   const std::vector<uint8_t> s8 = random_scales(rng, static_cast<size_t>(((n + 31) / 32) * (k / 32)));
   const std::vector<uint8_t> w4 = random_bytes(rng, static_cast<size_t>(n * k / 2));
   const std::vector<uint8_t> s4 = random_scales(rng, static_cast<size_t>(n * (k / 32)));
+  // Order-sensitive FP8 weights against activations of ones: the first four K blocks add 448 per
+  // product (a running sum of 2^15.8, whose fp32 unit is 2^-8), the last four take it away again,
+  // small products (multiples of 2^-9) lie between, so the result is about the size of the rounding
+  // the large running sum causes: any change of summation order shows.
+  std::vector<uint8_t> c8(static_cast<size_t>(n * k));
+  std::uniform_int_distribution<int> bit(0, 1), mant(0, 7), expo(1, 3);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t j = 0; j < k; ++j) {
+      c8[r * k + j] = j < 128             ? 0x7E
+                      : j >= k - 128      ? 0xFE
+                                          : static_cast<uint8_t>((bit(rng) << 7) | (expo(rng) << 3) | mant(rng));  // 2^-6 .. 2^-3
+    }
+  }
+  const std::vector<uint8_t> ones_scale(static_cast<size_t>(((n + 31) / 32) * (k / 32)), 127);
+  std::vector<float> ones(x.size(), 1.0f);
   for (const Backend* be : fast_backends()) {
-    std::unique_ptr<PackedWeights> p8, p4;
+    std::unique_ptr<PackedWeights> p8, p4, pc;
     const Fp8Matrix m8 = packed_for(*be, Fp8Matrix{w8.data(), s8.data(), n, k}, p8);
     const Fp4Matrix m4 = packed_for(*be, Fp4Matrix{w4.data(), s4.data(), n, k}, p4);
-    for (const bool fp8 : {true, false}) {
+    const Fp8Matrix mc = packed_for(*be, Fp8Matrix{c8.data(), ones_scale.data(), n, k}, pc);
+    for (const int kind : {0, 1, 2}) {
+      const char* name = kind == 0 ? "fp8 " : kind == 1 ? "fp4 " : "fp8 cancelling ";
       const auto run = [&](int64_t first, int64_t rows) {
         std::vector<float> y(static_cast<size_t>(rows * n));
-        fp8 ? be->linear_fp8(x.data() + first * k, rows, m8, y.data())
-            : be->linear_fp4(x.data() + first * k, rows, m4, y.data());
+        if (kind == 0) be->linear_fp8(x.data() + first * k, rows, m8, y.data());
+        if (kind == 1) be->linear_fp4(x.data() + first * k, rows, m4, y.data());
+        if (kind == 2) be->linear_fp8(ones.data() + first * k, rows, mc, y.data());
         return y;
       };
       const std::vector<float> all = run(0, big);
-      for (const int64_t first : {int64_t{0}, int64_t{5}, int64_t{36}}) {
-        for (const int64_t rows : {int64_t{1}, int64_t{4}}) {
+      for (const int64_t first : {int64_t{0}, int64_t{5}, int64_t{1020}, int64_t{1036}}) {
+        for (const int64_t rows : {int64_t{1}, int64_t{4}, int64_t{37}}) {
           if (first + rows > big) continue;
           const std::vector<float> part = run(first, rows);
           const std::vector<float> want(all.begin() + first * n, all.begin() + (first + rows) * n);
-          EXPECT_EQ(first_difference(part, want), "")
-              << (fp8 ? "fp8 " : "fp4 ") << label(*be) << " rows " << first << "+" << rows;
+          EXPECT_EQ(first_difference(part, want), "") << name << label(*be) << " rows " << first << "+" << rows;
         }
       }
     }

@@ -270,65 +270,94 @@ void panel_rows(const Activations& a, const uint32_t* panel, int64_t i0, int64_t
   store_acc<R>(acc, i0);
 }
 
+// Activation rows per pass over the weights: their panel (rows × 256 k in bf16, 512 KiB) stays in the
+// core's L2 while every weight tile of the thread's range goes past it.
+constexpr int64_t kRowBlock = 1024;
+
 // Outputs [r0, r1) of y[m, n] (r0 a multiple of 32), from the checkpoint's layout or the packed tiles.
+// Up to 32 rows (decode steps, speculative verification), each weight tile runs over all of K with
+// its accumulators resident in the tiles. More rows go K panel by K panel, every weight tile of the
+// range against the panel of up to kRowBlock rows, the accumulators stored between panels (fp32,
+// exact): the same instructions on the same values in the same order either way, so the same bits.
 template <class Kind>
 void gemm_tiles(const Activations& a, const QuantizedActivations& qa, const typename Kind::Matrix& w, float* y,
                 int64_t r0, int64_t r1, Scratch& s) {
   const int64_t kb = w.k / kQBlock;
+  const int64_t tiles = (r1 - r0 + kTileRows - 1) / kTileRows;
   const bool packed = w.packed.tile_rows == kTileRows;
-  float* ws = s.get<float>(ScratchSlot::LinearScales, static_cast<size_t>(kb * kTileRows));
+  const int64_t block_rows = std::min(a.m_pad, kRowBlock);
+  float* ws_all = s.get<float>(ScratchSlot::LinearScales, static_cast<size_t>(tiles * kb * kTileRows));
   uint32_t* panel = s.get<uint32_t>(ScratchSlot::LinearPanel, static_cast<size_t>(kPanelBlocks * kBlockPairs));
-  float* acc = s.get<float>(ScratchSlot::LinearAcc, static_cast<size_t>(a.m_pad * kTileRows));
-  const uint8_t* blk[kTileRows];
-  const TileScope tiles;
-  for (int64_t row0 = r0; row0 < r1; row0 += kTileRows) {
-    const int64_t tile = row0 / kTileRows;
-    const int count = static_cast<int>(std::min<int64_t>(kTileRows, r1 - row0));
-    std::optional<Tile<Kind>> rows;  // the checkpoint's layout
-    if (packed) {
-      Kind::packed_scales(w, tile, ws);
-    } else {
-      rows.emplace(w, row0, r1, s);
-      Kind::tile_scales(w, row0, count, ws);
-    }
+  float* acc_all = s.get<float>(ScratchSlot::LinearAcc, static_cast<size_t>(tiles * block_rows * kTileRows));
+  const auto row0_of = [&](int64_t t) { return r0 + t * kTileRows; };
+  const auto count_of = [&](int64_t t) { return static_cast<int>(std::min<int64_t>(kTileRows, r1 - row0_of(t))); };
+  // 'r': the reference's computation (NaN codes, scales out of range); 'n': NaN codes found while
+  // widening the checkpoint's layout; 0: the tile unit's.
+  std::vector<char> fallback(static_cast<size_t>(tiles), 0);
+  for (int64_t t = 0; t < tiles; ++t) {
+    float* ws = ws_all + t * kb * kTileRows;
+    const int64_t tile = row0_of(t) / kTileRows;
+    packed ? Kind::packed_scales(w, tile, ws) : Kind::tile_scales(w, row0_of(t), count_of(t), ws);
     if ((packed && packed_nan<Kind>(w, tile)) || !scales_in_range(ws, kb)) {
-      tile_reference<Kind>(qa, w, y, row0, count);
-      continue;
+      tile_reference<Kind>(qa, w, y, row0_of(t), count_of(t));
+      fallback[t] = 'r';
     }
+  }
+  const uint8_t* blk[kTileRows];
+  const auto widen = [&](int64_t t, int64_t c0, int64_t c1) {
+    WidenSink sink{panel, ws_all + t * kb * kTileRows, c0};
+    if (packed) {
+      for (int64_t b = c0; b < c1; ++b) Kind::PDec::step(packed_block<Kind>(w, row0_of(t) / kTileRows, b), b, sink);
+      return;
+    }
+    const Tile<Kind> rows(w, row0_of(t), r1, s);
     bool nan = false;
-    // Up to 32 rows (decode steps, speculative verification): the accumulators stay in their tiles
-    // over all of K. The same instructions on the same values either way, so the same bits.
-    const bool resident = a.m_pad <= 2 * kTileM;
-    if (resident) a.m_pad == kTileM ? zero_acc<1>() : zero_acc<2>();
-    for (int64_t c0 = 0; c0 < kb; c0 += kPanelBlocks) {
-      const int64_t c1 = std::min(kb, c0 + kPanelBlocks);
-      WidenSink sink{panel, ws, c0};
-      for (int64_t b = c0; b < c1; ++b) {
-        if (packed) {
-          Kind::PDec::step(packed_block<Kind>(w, tile, b), b, sink);
-        } else {
-          rows->block(b, blk, s);
-          Kind::Dec::step(blk, b, sink, nan);
+    for (int64_t b = c0; b < c1; ++b) {
+      rows.block(b, blk, s);
+      Kind::Dec::step(blk, b, sink, nan);
+    }
+    if (nan) fallback[t] = 'n';
+  };
+  const TileScope tile_state;
+  for (int64_t m0 = 0; m0 < a.m_pad; m0 += block_rows) {
+    const int64_t m1 = std::min(a.m_pad, m0 + block_rows);
+    const auto acc_of = [&](int64_t t) { return acc_all + t * block_rows * kTileRows - m0 * kTileRows; };
+    if (m1 - m0 <= 2 * kTileM) {
+      for (int64_t t = 0; t < tiles; ++t) {
+        if (fallback[t] == 'r') continue;
+        m1 - m0 == kTileM ? zero_acc<1>() : zero_acc<2>();
+        for (int64_t c0 = 0; c0 < kb; c0 += kPanelBlocks) {
+          const int64_t c1 = std::min(kb, c0 + kPanelBlocks);
+          widen(t, c0, c1);
+          m1 - m0 == kTileM ? dot_blocks<1>(a, panel, m0, c0, c1) : dot_blocks<2>(a, panel, m0, c0, c1);
+        }
+        m1 - m0 == kTileM ? store_acc<1>(acc_of(t), m0) : store_acc<2>(acc_of(t), m0);
+      }
+    } else {
+      for (int64_t c0 = 0; c0 < kb; c0 += kPanelBlocks) {
+        const int64_t c1 = std::min(kb, c0 + kPanelBlocks);
+        for (int64_t t = 0; t < tiles; ++t) {
+          if (fallback[t] == 'r') continue;
+          widen(t, c0, c1);
+          int64_t i0 = m0;
+          for (; i0 + 2 * kTileM <= m1; i0 += 2 * kTileM) panel_rows<2>(a, panel, i0, c0, c1, acc_of(t));
+          if (i0 < m1) panel_rows<1>(a, panel, i0, c0, c1, acc_of(t));
         }
       }
-      if (resident) {
-        a.m_pad == kTileM ? dot_blocks<1>(a, panel, 0, c0, c1) : dot_blocks<2>(a, panel, 0, c0, c1);
-        continue;
+    }
+    for (int64_t t = 0; t < tiles; ++t) {
+      if (fallback[t] != 0) continue;
+      const float* acc = acc_of(t);
+      for (int64_t i = m0; i < std::min(m1, a.m); ++i) {
+        const float* c = acc + i * kTileRows;
+        const V::F v0 = finish<Kind>(V::load(c)), v1 = finish<Kind>(V::load(c + V::W));
+        float* out = y + i * w.n + row0_of(t);
+        packed ? Kind::PDec::store(out, v0, v1, count_of(t)) : Kind::Dec::store(out, v0, v1, count_of(t));
       }
-      int64_t i0 = 0;
-      for (; i0 + 2 * kTileM <= a.m_pad; i0 += 2 * kTileM) panel_rows<2>(a, panel, i0, c0, c1, acc);
-      if (i0 < a.m_pad) panel_rows<1>(a, panel, i0, c0, c1, acc);
     }
-    if (resident) a.m_pad == kTileM ? store_acc<1>(acc, 0) : store_acc<2>(acc, 0);
-    if (nan) {
-      tile_reference<Kind>(qa, w, y, row0, count);
-      continue;
-    }
-    for (int64_t i = 0; i < a.m; ++i) {
-      const float* c = acc + i * kTileRows;
-      const V::F v0 = finish<Kind>(V::load(c)), v1 = finish<Kind>(V::load(c + V::W));
-      packed ? Kind::PDec::store(y + i * w.n + row0, v0, v1, count) : Kind::Dec::store(y + i * w.n + row0, v0, v1, count);
-    }
+  }
+  for (int64_t t = 0; t < tiles; ++t) {
+    if (fallback[t] == 'n') tile_reference<Kind>(qa, w, y, row0_of(t), count_of(t));
   }
 }
 

@@ -90,6 +90,54 @@ TEST(KernelsSimd, Fp4MatchesScalar) {
   }
 }
 
+// Scales that would put an operand of the AMX level outside its safe range (a product subnormal,
+// which the tile unit flushes, or a sum near overflow) send that weight tile, or that activation row,
+// to the reference's computation: those outputs keep the reference's bits at every level.
+TEST(KernelsSimd, OutOfRangeScalesTakeTheReferencesPath) {
+  std::mt19937 rng(15);
+  const int64_t m = 6, n = 96, k = 256, kb = k / 32;
+  std::vector<float> x = random_activations(rng, m, k);
+  for (int64_t j = 0; j < k; ++j) {
+    x[1 * k + j] = std::ldexp(x[1 * k + j], 45);   // row 1: act_quant scales near 2^40
+    x[4 * k + j] = std::ldexp(x[4 * k + j], -62);  // row 4: near 2^-70
+  }
+  std::vector<uint8_t> w8 = random_e4m3(rng, static_cast<size_t>(n * k)), s8 = random_scales(rng, (n / 32) * kb);
+  s8[1 * kb + 3] = 2;    // weight tile 1 (rows 32..63), one block at 2^-125
+  s8[2 * kb + 0] = 250;  // tile 2, one block at 2^123
+  std::vector<uint8_t> w4 = random_bytes(rng, static_cast<size_t>(n * k / 2)), s4 = random_scales(rng, n * kb);
+  s4[40 * kb + 5] = 3;    // row 40 (tile 1)
+  s4[70 * kb + 1] = 252;  // row 70 (tile 2)
+  const Fp8Matrix m8{w8.data(), s8.data(), n, k};
+  const Fp4Matrix m4{w4.data(), s4.data(), n, k};
+  std::vector<float> want8(static_cast<size_t>(m * n)), want4(want8.size());
+  reference::linear_fp8(x.data(), m, m8, want8.data());
+  reference::linear_fp4(x.data(), m, m4, want4.data());
+  // the outputs of rows 1 and 4, and of tiles 1 and 2 (outputs 32..95)
+  const auto fallback_part = [&](const std::vector<float>& y) {
+    std::vector<float> out;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t r = 0; r < n; ++r) {
+        if (i == 1 || i == 4 || r >= 32) out.push_back(y[i * n + r]);
+      }
+    }
+    return out;
+  };
+  for (const Backend* be : fast_backends()) {
+    for (const bool packed : {false, true}) {
+      std::unique_ptr<PackedWeights> p8, p4;
+      const Fp8Matrix a8 = packed ? packed_for(*be, m8, p8) : m8;
+      const Fp4Matrix a4 = packed ? packed_for(*be, m4, p4) : m4;
+      std::vector<float> got8(want8.size()), got4(want4.size());
+      be->linear_fp8(x.data(), m, a8, got8.data());
+      be->linear_fp4(x.data(), m, a4, got4.data());
+      EXPECT_EQ(first_difference(fallback_part(got8), fallback_part(want8), true), "") << "fp8 " << label(*be);
+      EXPECT_EQ(first_difference(fallback_part(got4), fallback_part(want4), true), "") << "fp4 " << label(*be);
+      EXPECT_EQ(linear_disagreement(*be, got8, want8, x.data(), m, m8), "") << "fp8 " << label(*be);
+      EXPECT_EQ(linear_disagreement(*be, got4, want4, x.data(), m, m4), "") << "fp4 " << label(*be);
+    }
+  }
+}
+
 // Every level, the AMX one included (whose bits are its own): a row's output is the same alone, in
 // a decode-sized batch and in a prompt-sized one, so batching, chunking and speculative verification
 // never change a token.

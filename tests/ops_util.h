@@ -128,7 +128,7 @@ inline std::string first_outside_tile_bound(const std::vector<float>& got, const
   if (got.size() != want.size() || got.size() != s.size()) return "sizes differ";
   const double u = std::ldexp(1.0, -24), kb = static_cast<double>(k / 32);
   for (size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(got[i]) && std::isnan(want[i])) continue;
+    if (got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i]))) continue;  // infinities too
     const double d = std::fabs(static_cast<double>(got[i]) - want[i]);
     const double larger = std::max(std::fabs(got[i]), std::fabs(want[i]));
     const double bf16_ulp = larger > 0 ? std::ldexp(1.0, std::ilogb(larger) - 7) : 0.0;

@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <type_traits>
 #include <vector>
@@ -143,29 +144,32 @@ struct WidenSink {
 // a row whose scales leave the safe range or that holds a NaN.
 struct Activations {
   int64_t m = 0, m_pad = 0, k = 0;
-  std::vector<uint16_t> values;
+  std::unique_ptr<uint16_t[]> values;  // every element written: pad rows with zeros
   std::vector<char> ok;
+  const uint16_t* data() const { return values.get(); }
 };
 
-Activations widen_activations(const Exec& ex, const QuantizedActivations& qa, bool parallel) {
+// act_quant of each row (quantize_row, as every level computes it) straight into the tile layout.
+Activations widen_activations(const Exec& ex, const float* x, int64_t m, int64_t k, float prescale, bool parallel) {
   Activations a;
-  a.m = qa.m;
-  a.k = qa.k;
-  a.m_pad = (qa.m + kTileM - 1) / kTileM * kTileM;
-  a.values.assign(static_cast<size_t>(a.m_pad * a.k), 0);
-  a.ok.assign(static_cast<size_t>(a.m), 1);
-  const int64_t kb = qa.k / kQBlock;
+  a.m = m;
+  a.k = k;
+  a.m_pad = (m + kTileM - 1) / kTileM * kTileM;
+  a.values.reset(new uint16_t[static_cast<size_t>(a.m_pad * k)]);
+  a.ok.assign(static_cast<size_t>(m), 1);
+  const int64_t kb = k / kQBlock;
+  const auto row_out = [&](int64_t i) { return a.values.get() + (i / kTileM) * kTileM * k + (i % kTileM) * kQBlock; };
   const auto rows = [&](int64_t i0, int64_t i1, Scratch&) {
+    std::vector<float> q(static_cast<size_t>(k)), scales(static_cast<size_t>(kb));
     for (int64_t i = i0; i < i1; ++i) {
-      const float* x = qa.row(i);
-      const float* s = qa.row_scales(i);
-      uint16_t* out = a.values.data() + (i / kTileM) * kTileM * a.k + (i % kTileM) * kQBlock;
+      quantize_row(x + i * k, k, prescale, q.data(), scales.data());
+      uint16_t* out = row_out(i);
       bool ok = true;
       for (int64_t b = 0; b < kb; ++b) {
-        ok = ok && s[b] >= kMinScaleA && s[b] <= kMaxScaleA;
-        const __m512 scale = V::set1(s[b]);
+        ok = ok && scales[b] >= kMinScaleA && scales[b] <= kMaxScaleA;
+        const __m512 scale = V::set1(scales[b]);
         for (int h = 0; h < 2; ++h) {
-          const __m512 v = V::mul(V::load(x + b * kQBlock + h * 16), scale);
+          const __m512 v = V::mul(V::load(q.data() + b * kQBlock + h * 16), scale);
           ok = ok && _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) == 0;
           const __m512i top = _mm512_srli_epi32(_mm512_castps_si512(v), 16);
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + b * kTileM * kQBlock + h * 16),
@@ -175,7 +179,10 @@ Activations widen_activations(const Exec& ex, const QuantizedActivations& qa, bo
       a.ok[i] = ok;
     }
   };
-  ex.run(parallel && a.m > 1, a.m, 1, rows);
+  ex.run(parallel && m > 1, m, 1, rows);
+  for (int64_t i = m; i < a.m_pad; ++i) {
+    for (int64_t b = 0; b < kb; ++b) std::fill_n(row_out(i) + b * kTileM * kQBlock, kQBlock, uint16_t{0});
+  }
   return a;
 }
 
@@ -191,9 +198,10 @@ bool scales_in_range(const float* ws, int64_t kb) {
 }
 
 // The reference's computation of one weight tile for every row (a tile with NaN codes or scales out
-// of range).
+// of range: rare, so the activations are quantized again here rather than kept for it).
 template <class Kind>
-void tile_reference(const QuantizedActivations& qa, const typename Kind::Matrix& w, float* y, int64_t row0, int count) {
+void tile_reference(const float* x, int64_t m, const typename Kind::Matrix& w, float* y, int64_t row0, int count) {
+  const QuantizedActivations qa = quantize_rows(nullptr, x, m, w.k, Kind::kPrescale, false);
   if constexpr (std::is_same_v<Kind, Fp8Kind>) {
     tile_scalar<Kind>(qa, w, y, row0, count);
   } else {
@@ -215,7 +223,7 @@ void tile_reference(const QuantizedActivations& qa, const typename Kind::Matrix&
 template <int R>
 void dot_blocks(const Activations& a, const uint32_t* panel, int64_t i0, int64_t c0, int64_t c1) {
   for (int64_t b = c0; b < c1; ++b) {
-    const uint16_t* x = a.values.data() + i0 * a.k + b * kTileM * kQBlock;
+    const uint16_t* x = a.data() + i0 * a.k + b * kTileM * kQBlock;
     const uint32_t* p = panel + (b - c0) * kBlockPairs;
     _tile_loadd(4, x, 64);
     _tile_loadd(6, p, 64);
@@ -280,7 +288,7 @@ constexpr int64_t kRowBlock = 1024;
 // range against the panel of up to kRowBlock rows, the accumulators stored between panels (fp32,
 // exact): the same instructions on the same values in the same order either way, so the same bits.
 template <class Kind>
-void gemm_tiles(const Activations& a, const QuantizedActivations& qa, const typename Kind::Matrix& w, float* y,
+void gemm_tiles(const Activations& a, const float* x, const typename Kind::Matrix& w, float* y,
                 int64_t r0, int64_t r1, Scratch& s) {
   const int64_t kb = w.k / kQBlock;
   const int64_t tiles = (r1 - r0 + kTileRows - 1) / kTileRows;
@@ -299,7 +307,7 @@ void gemm_tiles(const Activations& a, const QuantizedActivations& qa, const type
     const int64_t tile = row0_of(t) / kTileRows;
     packed ? Kind::packed_scales(w, tile, ws) : Kind::tile_scales(w, row0_of(t), count_of(t), ws);
     if ((packed && packed_nan<Kind>(w, tile)) || !scales_in_range(ws, kb)) {
-      tile_reference<Kind>(qa, w, y, row0_of(t), count_of(t));
+      tile_reference<Kind>(x, a.m, w, y, row0_of(t), count_of(t));
       fallback[t] = 'r';
     }
   }
@@ -357,7 +365,7 @@ void gemm_tiles(const Activations& a, const QuantizedActivations& qa, const type
     }
   }
   for (int64_t t = 0; t < tiles; ++t) {
-    if (fallback[t] == 'n') tile_reference<Kind>(qa, w, y, row0_of(t), count_of(t));
+    if (fallback[t] == 'n') tile_reference<Kind>(x, a.m, w, y, row0_of(t), count_of(t));
   }
 }
 
@@ -368,10 +376,9 @@ void run_linear_tiles(const Exec& ex, const float* x, int64_t m, const typename 
   if (m <= 0 || w.n <= 0) return;
   assert(w.k % kQBlock == 0 && "act_quant needs K in whole blocks of 32");
   const bool parallel = w.n * w.k >= kParallelMin;
-  const QuantizedActivations qa = quantize_rows(&ex, x, m, w.k, Kind::kPrescale, parallel);
-  const Activations a = widen_activations(ex, qa, parallel);
+  const Activations a = widen_activations(ex, x, m, w.k, Kind::kPrescale, parallel);
   ex.run(parallel, w.n, kTileRows,
-         [&](int64_t r0, int64_t r1, Scratch& s) { gemm_tiles<Kind>(a, qa, w, y, r0, r1, s); });
+         [&](int64_t r0, int64_t r1, Scratch& s) { gemm_tiles<Kind>(a, x, w, y, r0, r1, s); });
   for (int64_t i = 0; i < m; ++i) {
     if (!a.ok[i]) row_fallback(ex, x + i * w.k, 1, w, y + i * w.n);
   }

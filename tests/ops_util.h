@@ -118,7 +118,8 @@ inline std::vector<double> abs_product_sums(const float* x, int64_t m, const Fp8
 inline std::vector<double> abs_product_sums(const float* x, int64_t m, const Fp4Matrix& w) {
   return abs_product_sums(x, m, w.n, w.k, [&](int64_t r, int64_t j) {
     const uint8_t byte = w.w[r * (w.k / 2) + j / 2];
-    return e2m1_to_f32(static_cast<uint8_t>(j % 2 ? byte >> 4 : byte & 0x0F)) * e8m0_to_f32(w.scale[r * (w.k / 32) + j / 32]);
+    const uint8_t code = static_cast<uint8_t>(j % 2 ? byte >> 4 : byte & 0x0F);  // low nibble = even k
+    return e2m1_to_f32(code) * e8m0_to_f32(w.scale[r * (w.k / 32) + j / 32]);
   });
 }
 

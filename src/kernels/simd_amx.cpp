@@ -8,9 +8,9 @@
 //  * the operands are exact: a widened weight is its e4m3 (or e2m1) value times its power-of-two
 //    block scale, an activation its act_quant'ed e4m3 value times its power-of-two block scale; at
 //    most 4 significant bits each, so bf16 holds them and every product is exact in fp32. Where a
-//    scale would put an operand outside [2^-60, 2^40] (so that a product could be subnormal, which
-//    the tile flushes, or a sum could overflow), that row or that weight tile takes the AVX-512
-//    level's path instead, which has the reference's bits;
+//    scale would put an operand outside the safe range below (so that a product could be
+//    subnormal, which the tile unit flushes, or a sum could overflow), that row takes the AVX-512
+//    level's path and that weight tile the scalar reference's, both with the reference's bits;
 //  * the sum is not the reference's chain. The reference sums each 32-block's products in one fp32
 //    chain, rounding after every add, then adds the block times its scales. With the scales folded
 //    into the operands, the tile unit sums all of K in its accumulator, 32 products an
@@ -19,7 +19,7 @@
 //    largest and summed with the low bits of the smaller ones cut, so neither the chain's bits nor
 //    the exactly rounded sum's come out. Both sums are within a few fp32 units in the last place
 //    of Σ|a·w| per instruction and per block; the op harness bounds the difference from the
-//    reference by that (tests/ops_test.cpp) and the golden tests state the agreement it leaves;
+//    reference by that (tests/ops_util.h) and docs/agreement.md states the agreement it leaves;
 //  * a row's result depends on its own activations and the weights only: every row, whatever the
 //    batch, runs the same instructions over the same K blocks in the same order (tile rows are
 //    independent in the unit), so batching and chunking never change a bit. There is no switch by
@@ -91,8 +91,8 @@ struct TileScope {
   TileScope& operator=(const TileScope&) = delete;
 };
 
-constexpr int64_t kTileM = 16;           // activation rows per A tile
-constexpr int64_t kPanelBlocks = 8;  // K blocks widened at a time: 32 rows × 256 k × 2 B = 16 KiB
+constexpr int64_t kTileM = 16;                // activation rows per A tile
+constexpr int64_t kPanelBlocks = 8;           // K blocks widened at a time: 32 rows × 256 k × 2 B = 16 KiB
 constexpr int64_t kBlockPairs = 16 * 16 * 2;  // uint32 pairs of one K block of a weight tile (2 B tiles)
 
 // Operands within [2^-60, 2^50] (activations) and [2^-60, 2^40] (weights), where the tile unit's
@@ -102,12 +102,6 @@ constexpr int64_t kBlockPairs = 16 * 16 * 2;  // uint32 pairs of one K block of 
 // [2^-17, 1.75]; e2m1 in [0.5, 6]).
 constexpr float kMinScaleW = 0x1p-43f, kMaxScaleW = 0x1p37f;
 constexpr float kMinScaleA = 0x1p-51f, kMaxScaleA = 0x1p33f;
-
-inline uint32_t bits(float f) {
-  uint32_t u = 0;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
 
 // A decoder's sink (linear_simd_impl.h) that widens a tile's weights, times their block scales, into
 // the B tiles' pair layout: block rb of the panel holds B tile v (outputs in the decoder's lane order
@@ -137,11 +131,11 @@ struct WidenSink {
   void end(int64_t) {}
 };
 
-// The activations as the A tiles read them, each tile's 1 KiB contiguous (so a tile load touches
-// 16 consecutive cache lines, not 16 pages): bf16 [m_pad/16][k/32][16][32], rows past m zero, each value its
-// prescaled act_quant'ed e4m3 value times its block scale (the decoders' weights carry the inverse of
-// the prescale, so each product is the reference's a·w·a_s·w_s exactly). ok[i] is false for
-// a row whose scales leave the safe range or that holds a NaN.
+// The activations as the A tiles read them, each tile's 1 KiB contiguous (a tile load touches 16
+// consecutive cache lines, not 16 pages): bf16 [m_pad/16][k/32][16][32], rows past m zero, each
+// value its prescaled act_quant'ed e4m3 value times its block scale (the decoders' weights carry the
+// inverse of the prescale, so each product is the reference's a·w·a_s·w_s exactly). ok[i] is false
+// for a row whose scales leave the safe range or that holds a NaN.
 struct Activations {
   int64_t m = 0, m_pad = 0, k = 0;
   std::unique_ptr<uint16_t[]> values;  // every element written: pad rows with zeros

@@ -665,6 +665,27 @@ TEST(Ops, SwigluGatherAndCombine) {
                          }});
       }
     }
+    // every special value the clamp and exp must keep (NaN, infinities, both zeros, the limit
+    // itself, exp's underflow and overflow), in rows of 37: vector lanes and a scalar tail
+    {
+      const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+      const float special[] = {nan, inf, -inf, 0.0f, -0.0f, limit, -limit, 200.0f, -200.0f, 104.5f, -104.5f, 88.0f};
+      auto sg = std::make_shared<std::vector<float>>(random_bf16_values(rng, 3 * 37, 20.0f));
+      auto su = std::make_shared<std::vector<float>>(random_bf16_values(rng, 3 * 37, 20.0f));
+      for (size_t i = 0; i < sg->size(); i += 3) {
+        (*sg)[i] = special[(i / 3) % std::size(special)];
+        (*su)[(i + 1) % su->size()] = special[(i / 3 + 5) % std::size(special)];
+      }
+      for (const float lim : {limit, 0.0f}) {
+        cases.push_back({named(g, std::string("swiglu special") + (lim > 0 ? " clamped" : "")),
+                         [=](const Backend* be) {
+                           std::vector<float> h = *sg;
+                           be ? be->swiglu(h.data(), su->data(), 3, 37, lim, row_w->data())
+                              : reference::swiglu(h.data(), su->data(), 3, 37, lim, row_w->data());
+                           return h;
+                         }});
+      }
+    }
     // a dispatch of 5 tokens over 4 experts (one of them unused), its rows gathered and combined
     auto x = std::make_shared<std::vector<float>>(random_bf16_values(rng, static_cast<size_t>(5 * d)));
     auto dispatch = std::make_shared<MoeDispatch>();

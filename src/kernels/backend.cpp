@@ -193,6 +193,7 @@ struct SimdOps {
   void (*mhc_step)(const Exec&, const HcShape&, float*, const float*, const HcCoefficients&, const HcMixWeights&,
                    int64_t, HcCoefficientsOut, float*);
   void (*engram_blocks)(const uint8_t*, const uint8_t*, int64_t, float*);
+  void (*swiglu)(const Exec&, float*, const float*, int64_t, int64_t, float, const float*);
 };
 
 constexpr SimdOps kAvx2{16,
@@ -207,7 +208,8 @@ constexpr SimdOps kAvx2{16,
                         detail::mhc_collapse_avx2,
                         detail::mhc_expand_avx2,
                         detail::mhc_step_avx2,
-                        detail::dequantize_fp8_blocks_avx2};
+                        detail::dequantize_fp8_blocks_avx2,
+                        detail::swiglu_avx2};
 
 constexpr SimdOps kAvx512{32,
                           detail::linear_fp8_avx512,
@@ -221,7 +223,8 @@ constexpr SimdOps kAvx512{32,
                           detail::mhc_collapse_avx512,
                           detail::mhc_expand_avx512,
                           detail::mhc_step_avx512,
-                          detail::dequantize_fp8_blocks_avx512};
+                          detail::dequantize_fp8_blocks_avx512,
+                          detail::swiglu_avx512};
 
 // The AVX-512 level with the FP8 and FP4 GEMMs on vdpbf16ps.
 constexpr SimdOps kAvx512Bf16 = [] {
@@ -255,6 +258,9 @@ class SimdBackend final : public Backend {
   }
   void linear_f32(const float* x, int64_t m, const Bf16Matrix& w, float* y) const override {
     ops_.linear_f32(exec(), x, m, w, y);
+  }
+  void swiglu(float* gate, const float* up, int64_t m, int64_t n, float limit, const float* row_weights) const override {
+    ops_.swiglu(exec(), gate, up, m, n, limit, row_weights);
   }
   void index_scores(const float* q, const float* weights, int64_t nq, int64_t nh, int64_t K, const uint8_t* const* keys,
                     int64_t n_keys, const int64_t* visible, float* scores) const override {

@@ -68,6 +68,12 @@ bool bf16_dot_rounds_in_order();
 // same proviso.
 double bf16_dot_over_fma_rate();
 
+// swiglu (reference::swiglu's bits): rows split over exec's workers.
+void swiglu_avx2(const Exec& ex, float* gate, const float* up, int64_t m, int64_t n, float limit,
+                 const float* row_weights);
+void swiglu_avx512(const Exec& ex, float* gate, const float* up, int64_t m, int64_t n, float limit,
+                   const float* row_weights);
+
 // sparse_attention: heads split over exec's workers.
 void sparse_attention_avx2(const Exec& ex, const float* q, int64_t heads, int64_t d, const KvRows& rows,
                            const float* sink, float scale, float* out);

@@ -48,6 +48,9 @@ struct V {
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F div(F a, F b) { return _mm256_div_ps(a, b); }
+  static F min(F a, F b) { return _mm256_min_ps(a, b); }  // a < b ? a : b (b where either is NaN)
+  static F max(F a, F b) { return _mm256_max_ps(a, b); }  // a > b ? a : b (b where either is NaN)
+  static F xor_bits(F a, F b) { return _mm256_xor_ps(a, b); }
   // round_bf16 lane by lane, as bf16_from_f32: nearest even, NaN kept quiet.
   static F round_bf16(F x) {
     const __m256i bits = _mm256_castps_si256(x);
@@ -335,6 +338,7 @@ inline void quantize_row(const float* x, int64_t k, float prescale, float* out, 
 
 #include "kernels/linear_simd_impl.h"
 #include "kernels/attention_simd_impl.h"
+#include "kernels/swiglu_simd_impl.h"
 
 }  // namespace dsv41::detail::avx2
 
@@ -358,6 +362,11 @@ QuantizedActivations quantize_activations_avx2(const float* x, int64_t m, int64_
 void sparse_attention_avx2(const Exec& ex, const float* q, int64_t heads, int64_t d, const KvRows& rows,
                           const float* sink, float scale, float* out) {
   avx2::sparse_attention_simd(ex, q, heads, d, rows, sink, scale, out);
+}
+
+void swiglu_avx2(const Exec& ex, float* gate, const float* up, int64_t m, int64_t n, float limit,
+                 const float* row_weights) {
+  avx2::swiglu_simd(ex, gate, up, m, n, limit, row_weights);
 }
 
 }  // namespace dsv41::detail
@@ -389,6 +398,10 @@ QuantizedActivations quantize_activations_avx2(const float* x, int64_t m, int64_
 void sparse_attention_avx2(const Exec&, const float* q, int64_t heads, int64_t d, const KvRows& rows,
                           const float* sink, float scale, float* out) {
   reference::sparse_attention(q, heads, d, rows, sink, scale, out);
+}
+void swiglu_avx2(const Exec&, float* gate, const float* up, int64_t m, int64_t n, float limit,
+                 const float* row_weights) {
+  reference::swiglu(gate, up, m, n, limit, row_weights);
 }
 }  // namespace dsv41::detail
 

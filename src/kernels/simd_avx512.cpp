@@ -44,6 +44,7 @@ namespace dsv41::detail::avx512 {
 
 #include "kernels/linear_simd_impl.h"
 #include "kernels/attention_simd_impl.h"
+#include "kernels/swiglu_simd_impl.h"
 
 }  // namespace dsv41::detail::avx512
 
@@ -67,6 +68,11 @@ QuantizedActivations quantize_activations_avx512(const float* x, int64_t m, int6
 void sparse_attention_avx512(const Exec& ex, const float* q, int64_t heads, int64_t d, const KvRows& rows,
                           const float* sink, float scale, float* out) {
   avx512::sparse_attention_simd(ex, q, heads, d, rows, sink, scale, out);
+}
+
+void swiglu_avx512(const Exec& ex, float* gate, const float* up, int64_t m, int64_t n, float limit,
+                 const float* row_weights) {
+  avx512::swiglu_simd(ex, gate, up, m, n, limit, row_weights);
 }
 
 }  // namespace dsv41::detail
@@ -99,6 +105,10 @@ QuantizedActivations quantize_activations_avx512(const float* x, int64_t m, int6
 void sparse_attention_avx512(const Exec&, const float* q, int64_t heads, int64_t d, const KvRows& rows,
                           const float* sink, float scale, float* out) {
   reference::sparse_attention(q, heads, d, rows, sink, scale, out);
+}
+void swiglu_avx512(const Exec&, float* gate, const float* up, int64_t m, int64_t n, float limit,
+                 const float* row_weights) {
+  reference::swiglu(gate, up, m, n, limit, row_weights);
 }
 }  // namespace dsv41::detail
 

@@ -19,6 +19,11 @@ struct V {
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
   static F div(F a, F b) { return _mm512_div_ps(a, b); }
+  static F min(F a, F b) { return _mm512_min_ps(a, b); }  // a < b ? a : b (b where either is NaN)
+  static F max(F a, F b) { return _mm512_max_ps(a, b); }  // a > b ? a : b (b where either is NaN)
+  static F xor_bits(F a, F b) {
+    return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+  }
   // round_bf16 lane by lane, as bf16_from_f32: nearest even, NaN kept quiet.
   static F round_bf16(F x) {
     const __m512i bits = _mm512_castps_si512(x);

@@ -1,6 +1,6 @@
 // Agreement with DeepSeek's official reference on the two golden checkpoints (tests/golden/README.md):
-// free-running, the engine computes the reference's own bits on both — every logit row of every
-// comparison and every block output equal bit for bit (docs/agreement.md: torch's summation order,
+// free-running, the engine computes the reference's own bits on both at every kernel level but
+// amx_bf16 — every logit row of every comparison and every block output equal bit for bit (docs/agreement.md: torch's summation order,
 // cascade_sum.h; torch's exp, torch_math.h; torch.topk's choice among tied scores, select.cpp).
 // golden_blocks_test.cpp checks each block on the reference's own input.
 #include <gtest/gtest.h>
@@ -38,8 +38,10 @@ void expect_agreement(const Agreement& g, int64_t differing_rows, const std::str
   EXPECT_GE(g.argmax, static_cast<double>(g.rows - differing_rows) / static_cast<double>(g.rows) - 1e-9) << what;
 }
 
-// One golden set's model at one kernel level, loaded once per test: every level the machine runs
-// gives the reference's bits (each level's ops give the scalar references' bits, ops_test.cpp).
+// One golden set's model at one kernel level, loaded once per test. Every level but amx_bf16 gives
+// the reference's bits (each level's ops give the scalar references' bits, ops_test.cpp), and is
+// held to them; amx_bf16 (its FP8/FP4 sums are the tile unit's, kernels/simd_amx.cpp) is held to the
+// statistics' thresholds alone, unchanged: rows may differ, by no more than those allow.
 class GoldenSet : public ::testing::TestWithParam<std::tuple<std::string, Isa>> {
  protected:
   void SetUp() override {
@@ -50,6 +52,9 @@ class GoldenSet : public ::testing::TestWithParam<std::tuple<std::string, Isa>> 
     vocab_ = model_->config().vocab_size;
   }
   std::string set() const { return std::get<0>(GetParam()); }
+  bool exact() const { return isa_gives_reference_bits(model_->backend().level()); }
+  // Rows that may differ from the reference's: `n` at an exact level, any at amx_bf16.
+  int64_t may_differ(int64_t n, int64_t rows) const { return exact() ? n : rows; }
   SequenceState fresh() const { return model_->new_sequence(test::pools_for(*model_)); }
   // The reference's choice among tied index scores, as every forward here uses.
   static ForwardOptions reference_ties() {
@@ -83,8 +88,8 @@ TEST_P(GoldenSet, PrefillAllPositions) {
   ForwardOptions opt = reference_ties();
   opt.all_logits = true;
   ForwardResult r = model_->forward(st, g_->ids, opt);
-  expect_agreement(compare_rows(r.logits, g_->f32(g_->meta["prefill_all_positions"]["file"]), vocab_), 0,
-                   what("prefill, all positions"));
+  const Agreement a = compare_rows(r.logits, g_->f32(g_->meta["prefill_all_positions"]["file"]), vocab_);
+  expect_agreement(a, may_differ(0, a.rows), what("prefill, all positions"));
 }
 
 TEST_P(GoldenSet, BlockOutputsAreTheReferencesStream) {
@@ -104,8 +109,12 @@ TEST_P(GoldenSet, BlockOutputsAreTheReferencesStream) {
       den += static_cast<double>(ref[i]) * ref[i];
     }
     std::printf("[golden] %s block %d output: rel L2 %.2e\n", what("").c_str(), layer, std::sqrt(num / den));
-    EXPECT_EQ(num, 0.0) << "the residual stream first departs from the reference's after block " << layer
-                        << " (rel L2 " << std::sqrt(num / den) << ")";
+    if (exact()) {
+      EXPECT_EQ(num, 0.0) << "the residual stream first departs from the reference's after block " << layer
+                          << " (rel L2 " << std::sqrt(num / den) << ")";
+    } else {
+      EXPECT_LE(std::sqrt(num / den), 0.01) << "block " << layer;
+    }
   }
 }
 
@@ -117,7 +126,8 @@ TEST_P(GoldenSet, PrefillLastAtEveryListedLength) {
     const std::vector<float> row = model_->forward(st, prefix(len), reference_ties()).logits;
     ours.insert(ours.end(), row.begin(), row.end());
   }
-  expect_agreement(compare_rows(ours, g_->f32(g_->meta["prefill_last"]["file"]), vocab_), 0, what("prefill, last rows"));
+  const Agreement a = compare_rows(ours, g_->f32(g_->meta["prefill_last"]["file"]), vocab_);
+  expect_agreement(a, may_differ(0, a.rows), what("prefill, last rows"));
 }
 
 // Decode rows equal the reference's decode rows, except where the reference disagrees with itself: at
@@ -136,20 +146,23 @@ TEST_P(GoldenSet, DecodeAfterPrefill) {
   const auto row = [&](const std::vector<float>& v, int64_t r) {
     return std::vector<float>(v.begin() + r * vocab_, v.begin() + (r + 1) * vocab_);
   };
-  int as_decode = 0, as_prefill = 0;
+  int as_decode = 0, as_prefill = 0, neither = 0;
   for (int r = 0; r < rows; ++r) {
     if (row(ours, r) == row(ref_decode, r)) {
       ++as_decode;
-    } else {
-      EXPECT_EQ(row(ours, r), row(all, prefill - 1 + r)) << "decode row " << r << " is neither the reference's "
-                                                             "decode row nor its prefill row";
+    } else if (row(ours, r) == row(all, prefill - 1 + r)) {
       ++as_prefill;
+    } else {
+      ++neither;
+      if (exact()) ADD_FAILURE() << "decode row " << r << " is neither the reference's decode row nor its prefill row";
     }
   }
-  std::printf("[golden] %s decode rows: %d of %d equal the reference's decode rows, %d its prefill rows\n",
-              what("").c_str(), as_decode, rows, as_prefill);
-  EXPECT_LE(as_prefill, 1);
-  expect_agreement(compare_rows(ours, ref_decode, vocab_), as_prefill, what("decode rows"));
+  std::printf("[golden] %s decode rows: %d of %d equal the reference's decode rows, %d its prefill rows, %d neither\n",
+              what("").c_str(), as_decode, rows, as_prefill, neither);
+  if (exact()) {
+    EXPECT_LE(as_prefill, 1);
+  }
+  expect_agreement(compare_rows(ours, ref_decode, vocab_), may_differ(as_prefill, rows), what("decode rows"));
 }
 
 TEST_P(GoldenSet, GreedyTokens) {
@@ -165,12 +178,16 @@ TEST_P(GoldenSet, GreedyTokens) {
     r = model_->forward(st, {want[k]}, reference_ties());  // teacher-forced, as the goldens' greedy run
   }
   std::printf("[golden] %s greedy tokens: %d of %zu equal\n", what("").c_str(), same, want.size());
-  EXPECT_EQ(same, static_cast<int>(want.size()));
+  if (exact()) {
+    EXPECT_EQ(same, static_cast<int>(want.size()));
+  }
   // measured: every row identical on tiny-dense; on tiny-sparse 24 of 25, the other within 5e-7 (one
   // fp32 ulp of its largest logit): the reference's one-token scalar path again (DecodeAfterPrefill)
   const Agreement a = compare_rows(ours, g_->f32(g_->meta["greedy"]["file"]), vocab_);
-  expect_agreement(a, 1, what("greedy rows"));
-  EXPECT_LE(a.worst_max_abs, 1e-6) << what("greedy rows");
+  expect_agreement(a, may_differ(1, a.rows), what("greedy rows"));
+  if (exact()) {
+    EXPECT_LE(a.worst_max_abs, 1e-6) << what("greedy rows");
+  }
 }
 
 std::string set_name(const ::testing::TestParamInfo<std::tuple<std::string, Isa>>& p) {

@@ -89,7 +89,7 @@ inline std::string first_difference(const std::vector<float>& got, const std::ve
 //    of S again for the partial sums: 2·67·kb·u·S);
 //  * both are then rounded to bf16: one bf16 unit in the last place of the larger of the two.
 // The op tests hold the level to that, and report the largest |got - want| / (u·S) they saw.
-inline bool bits_are_the_references(const Backend& b) { return b.level() != Isa::amx_bf16; }
+inline bool bits_are_the_references(const Backend& b) { return isa_gives_reference_bits(b.level()); }
 
 // S per output of y[m, n] = x · Wᵀ for an FP8 or FP4 matrix, in double, from act_quant's codes and
 // scales as the reference computes them.

@@ -1,8 +1,6 @@
 // cpuid + xgetbv feature detection (Intel SDM vol. 2A "CPUID", vol. 1 §13 "XSAVE-enabled features").
 #include "kernels/cpu_features.h"
 
-#include <algorithm>
-
 #include "kernels/linear_internal.h"
 #include "util/error.h"
 
@@ -92,11 +90,14 @@ Isa detected_isa() { return best(cpu_features()); }
 
 Isa default_isa() {
   // The AMX level's sums are not the reference's chains (simd_amx.cpp): it runs when asked for.
-  const Isa top = std::min(detected_isa(), Isa::avx512_bf16);
+  Isa top = detected_isa();
+  while (!isa_gives_reference_bits(top)) top = static_cast<Isa>(static_cast<int>(top) - 1);
   return top == Isa::avx512_bf16 && cpu_features().bf16_dot_over_fma < 1.0 ? Isa::avx512 : top;
 }
 
 bool isa_supported(Isa isa) { return static_cast<int>(isa) <= static_cast<int>(detected_isa()); }
+
+bool isa_gives_reference_bits(Isa isa) { return isa != Isa::amx_bf16; }
 
 const char* isa_name(Isa isa) {
   switch (isa) {

@@ -41,6 +41,8 @@ Isa default_isa();
 bool request_amx_permission();
 // True when `isa` can run here.
 bool isa_supported(Isa isa);
+// True for the levels whose every op gives the scalar references' bits (all but amx_bf16).
+bool isa_gives_reference_bits(Isa isa);
 
 // "scalar", "avx2", "avx512", "avx512_bf16" or "amx_bf16".
 const char* isa_name(Isa isa);

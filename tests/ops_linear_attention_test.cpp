@@ -90,9 +90,10 @@ TEST(KernelsSimd, Fp4MatchesScalar) {
   }
 }
 
-// Scales that would put an operand of the AMX level outside its safe range (a product subnormal,
-// which the tile unit flushes, or a sum near overflow) send that weight tile, or that activation row,
-// to the reference's computation: those outputs keep the reference's bits at every level.
+// Scales (or, for BF16 layers, values) that would put an operand of the AMX level outside its safe
+// range (a product subnormal, which the tile unit flushes, or a sum near overflow) send that weight
+// tile, or that activation row, to the reference's computation: those outputs keep the reference's
+// bits at every level.
 TEST(KernelsSimd, OutOfRangeScalesTakeTheReferencesPath) {
   std::mt19937 rng(15);
   const int64_t m = 6, n = 96, k = 256, kb = k / 32;
@@ -100,6 +101,7 @@ TEST(KernelsSimd, OutOfRangeScalesTakeTheReferencesPath) {
   for (int64_t j = 0; j < k; ++j) {
     x[1 * k + j] = std::ldexp(x[1 * k + j], 45);   // row 1: act_quant scales near 2^40
     x[4 * k + j] = std::ldexp(x[4 * k + j], -62);  // row 4: near 2^-70
+    x[5 * k + j] = std::ldexp(x[5 * k + j], -118);  // row 5: BF16 products below 2^-126
   }
   std::vector<uint8_t> w8 = random_e4m3(rng, static_cast<size_t>(n * k)), s8 = random_scales(rng, (n / 32) * kb);
   s8[1 * kb + 3] = 2;    // weight tile 1 (rows 32..63), one block at 2^-125
@@ -107,17 +109,22 @@ TEST(KernelsSimd, OutOfRangeScalesTakeTheReferencesPath) {
   std::vector<uint8_t> w4 = random_bytes(rng, static_cast<size_t>(n * k / 2)), s4 = random_scales(rng, n * kb);
   s4[40 * kb + 5] = 3;    // row 40 (tile 1)
   s4[70 * kb + 1] = 252;  // row 70 (tile 2)
+  std::vector<uint16_t> wb = random_bf16_bits(rng, static_cast<size_t>(n * k));
+  wb[40 * k + 17] = 0x0003;  // a subnormal weight in tile 1 (the unit would flush it)
+  wb[70 * k + 9] = bf16_from_f32(0x1p60f);  // a weight past 2^40 in tile 2
   const Fp8Matrix m8{w8.data(), s8.data(), n, k};
   const Fp4Matrix m4{w4.data(), s4.data(), n, k};
-  std::vector<float> want8(static_cast<size_t>(m * n)), want4(want8.size());
+  const Bf16Matrix mb{wb.data(), n, k};
+  std::vector<float> want8(static_cast<size_t>(m * n)), want4(want8.size()), wantb(want8.size());
   reference::linear_fp8(x.data(), m, m8, want8.data());
   reference::linear_fp4(x.data(), m, m4, want4.data());
-  // the outputs of rows 1 and 4, and of tiles 1 and 2 (outputs 32..95)
+  reference::linear_bf16(x.data(), m, mb, wantb.data());
+  // the outputs of rows 1, 4 and 5, and of tiles 1 and 2 (outputs 32..95)
   const auto fallback_part = [&](const std::vector<float>& y) {
     std::vector<float> out;
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t r = 0; r < n; ++r) {
-        if (i == 1 || i == 4 || r >= 32) out.push_back(y[i * n + r]);
+        if (i == 1 || i == 4 || i == 5 || r >= 32) out.push_back(y[i * n + r]);
       }
     }
     return out;
@@ -127,9 +134,14 @@ TEST(KernelsSimd, OutOfRangeScalesTakeTheReferencesPath) {
       std::unique_ptr<PackedWeights> p8, p4;
       const Fp8Matrix a8 = packed ? packed_for(*be, m8, p8) : m8;
       const Fp4Matrix a4 = packed ? packed_for(*be, m4, p4) : m4;
-      std::vector<float> got8(want8.size()), got4(want4.size());
+      std::unique_ptr<PackedWeights> pb;
+      const Bf16Matrix ab = packed ? packed_for(*be, mb, pb) : mb;
+      std::vector<float> got8(want8.size()), got4(want4.size()), gotb(wantb.size());
       be->linear_fp8(x.data(), m, a8, got8.data());
       be->linear_fp4(x.data(), m, a4, got4.data());
+      be->linear_bf16(x.data(), m, ab, gotb.data());
+      EXPECT_EQ(first_difference(fallback_part(gotb), fallback_part(wantb), true), "") << "bf16 " << label(*be);
+      EXPECT_EQ(linear_disagreement(*be, gotb, wantb, x.data(), m, mb), "") << "bf16 " << label(*be);
       EXPECT_EQ(first_difference(fallback_part(got8), fallback_part(want8), true), "") << "fp8 " << label(*be);
       EXPECT_EQ(first_difference(fallback_part(got4), fallback_part(want4), true), "") << "fp4 " << label(*be);
       EXPECT_EQ(linear_disagreement(*be, got8, want8, x.data(), m, m8), "") << "fp8 " << label(*be);
@@ -149,6 +161,7 @@ TEST(KernelsSimd, ARowsOutputDoesNotDependOnItsBatch) {
   const std::vector<uint8_t> s8 = random_scales(rng, static_cast<size_t>(((n + 31) / 32) * (k / 32)));
   const std::vector<uint8_t> w4 = random_bytes(rng, static_cast<size_t>(n * k / 2));
   const std::vector<uint8_t> s4 = random_scales(rng, static_cast<size_t>(n * (k / 32)));
+  const std::vector<uint16_t> wb = random_bf16_bits(rng, static_cast<size_t>(n * k));
   // Order-sensitive FP8 weights against activations of ones: the first four K blocks add 448 per
   // product (a running sum of 2^15.8, whose fp32 unit is 2^-8), the last four take it away again,
   // small products (multiples of 2^-9) lie between, so the result is about the size of the rounding
@@ -169,13 +182,16 @@ TEST(KernelsSimd, ARowsOutputDoesNotDependOnItsBatch) {
     const Fp8Matrix m8 = packed_for(*be, Fp8Matrix{w8.data(), s8.data(), n, k}, p8);
     const Fp4Matrix m4 = packed_for(*be, Fp4Matrix{w4.data(), s4.data(), n, k}, p4);
     const Fp8Matrix mc = packed_for(*be, Fp8Matrix{c8.data(), ones_scale.data(), n, k}, pc);
-    for (const int kind : {0, 1, 2}) {
-      const char* name = kind == 0 ? "fp8 " : kind == 1 ? "fp4 " : "fp8 cancelling ";
+    std::unique_ptr<PackedWeights> pb;
+    const Bf16Matrix mb = packed_for(*be, Bf16Matrix{wb.data(), n, k}, pb);
+    for (const int kind : {0, 1, 2, 3}) {
+      const char* name = kind == 0 ? "fp8 " : kind == 1 ? "fp4 " : kind == 2 ? "fp8 cancelling " : "bf16 ";
       const auto run = [&](int64_t first, int64_t rows) {
         std::vector<float> y(static_cast<size_t>(rows * n));
         if (kind == 0) be->linear_fp8(x.data() + first * k, rows, m8, y.data());
         if (kind == 1) be->linear_fp4(x.data() + first * k, rows, m4, y.data());
         if (kind == 2) be->linear_fp8(ones.data() + first * k, rows, mc, y.data());
+        if (kind == 3) be->linear_bf16(x.data() + first * k, rows, mb, y.data());
         return y;
       };
       const std::vector<float> all = run(0, big);
@@ -212,10 +228,11 @@ TEST(KernelsSimd, Bf16AndF32MatchScalar) {
       std::vector<float> want(static_cast<size_t>(s.m * s.n)), got(want.size(), -1.0f);
       reference::linear_bf16(xb.data(), s.m, mat, want.data());
       be->linear_bf16(xb.data(), s.m, mat, got.data());
-      EXPECT_EQ(first_difference(got, want), "") << "bf16 " << describe(*be, s);
+      EXPECT_EQ(linear_disagreement(*be, got, want, xb.data(), s.m, mat), "") << "bf16 " << describe(*be, s);
+      const std::vector<float> row_major = got;
       std::fill(got.begin(), got.end(), -1.0f);
       be->linear_bf16(xb.data(), s.m, mat_packed, got.data());
-      EXPECT_EQ(first_difference(got, want), "") << "bf16 packed " << describe(*be, s);
+      EXPECT_EQ(first_difference(got, row_major), "") << "bf16 packed " << describe(*be, s);
       reference::linear_f32(xf.data(), s.m, mat, want.data());
       std::fill(got.begin(), got.end(), -1.0f);
       be->linear_f32(xf.data(), s.m, mat, got.data());
@@ -293,7 +310,7 @@ TEST(KernelsSimd, OrderSensitiveInputsMatchScalar) {
       const Bf16Matrix mb{wb.data(), s.n, s.k};
       reference::linear_bf16(x.data(), s.m, mb, want.data());
       be->linear_bf16(x.data(), s.m, mb, got.data());
-      EXPECT_EQ(first_difference(got, want), "") << "bf16 " << describe(*be, s);
+      EXPECT_EQ(linear_disagreement(*be, got, want, x.data(), s.m, mb), "") << "bf16 " << describe(*be, s);
       reference::linear_f32(x.data(), s.m, mb, want.data());
       be->linear_f32(x.data(), s.m, mb, got.data());
       EXPECT_EQ(first_difference(got, want), "") << "f32 " << describe(*be, s);
@@ -423,7 +440,9 @@ TEST(PackedWeights, RowGroupsMatchTheWholeMatrix) {
     const std::unique_ptr<PackedWeights> packed = be->pack(all);
     ASSERT_NE(packed, nullptr);
     std::vector<float> want(static_cast<size_t>(n));
-    reference::linear_bf16(x.data(), 1, all, want.data());
+    // the reference's bits at an exact level; the level's own whole-matrix bits at amx_bf16
+    bits_are_the_references(*be) ? reference::linear_bf16(x.data(), 1, all, want.data())
+                                 : be->linear_bf16(x.data(), 1, all, want.data());
     for (const int64_t row0 : {int64_t{0}, tile, 2 * tile + 8, int64_t{3}}) {
       const int64_t count = std::min<int64_t>(2 * tile, n - row0);
       const PackedView pv = packed->view().from_row(row0);

@@ -212,6 +212,11 @@ void bf16_weight_cases(std::vector<OpCase>& cases, std::mt19937& rng, bool f32) 
                                  : be->linear_bf16(x->data(), m, p, y.data());
                            }
                            return y;
+                         },
+                         [=](const Backend& be, const std::vector<float>& got, const std::vector<float>& want) {
+                           // linear_f32 keeps its bits at every level; linear_bf16 has amx_bf16's bound
+                           if (f32) return first_difference(got, want, true);
+                           return linear_disagreement(be, got, want, x->data(), m, Bf16Matrix{w->data(), n, k});
                          }});
       }
     }

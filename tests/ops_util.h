@@ -82,7 +82,8 @@ inline std::string first_difference(const std::vector<float>& got, const std::ve
 // order and rounding, so their contract is a bound, not bits. For one output with S = Σ_k |a·w·a_s·w_s|
 // (the reference's quantized operands) and kb = K/32:
 //  * the reference's chains (32 products a block, then kb scaled blocks) are within (31 + kb)·u·S of
-//    the exact sum (first-order bound of a recursive sum, u = 2^-24);
+//    the exact sum (first-order bound of a recursive sum, u = 2^-24); a BF16 layer's one chain over
+//    K within K·u·S;
 //  * the tile unit adds C and 32 products an instruction, each term cut by at most one fp32 unit in
 //    the last place (2u) of the largest, then rounds once (u): within 67·u·(|C| + Σ|p|) an
 //    instruction, and |C| <= S, so within 67·kb·u·S over the kb instructions (plus the same order
@@ -125,15 +126,18 @@ inline std::vector<double> abs_product_sums(const float* x, int64_t m, const Fp4
 
 // The first output outside the bound above, or "". `worst` gets the largest |got - want| / (u·S).
 inline std::string first_outside_tile_bound(const std::vector<float>& got, const std::vector<float>& want,
-                                            const std::vector<double>& s, int64_t k, double* worst = nullptr) {
+                                            const std::vector<double>& s, int64_t k, bool blocked,
+                                            double* worst = nullptr) {
   if (got.size() != want.size() || got.size() != s.size()) return "sizes differ";
-  const double u = std::ldexp(1.0, -24), kb = static_cast<double>(k / 32);
+  const double u = std::ldexp(1.0, -24), kb = static_cast<double>((k + 31) / 32);
+  // the reference's chains: 31 adds a block and kb blocks (FP8/FP4), or one chain over K (BF16)
+  const double chain = blocked ? 31 + kb : static_cast<double>(k);
   for (size_t i = 0; i < got.size(); ++i) {
     if (got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i]))) continue;  // infinities too
     const double d = std::fabs(static_cast<double>(got[i]) - want[i]);
     const double larger = std::max(std::fabs(got[i]), std::fabs(want[i]));
     const double bf16_ulp = larger > 0 ? std::ldexp(1.0, std::ilogb(larger) - 7) : 0.0;
-    const double bound = (31 + kb + 2 * 67 * kb) * u * s[i] + bf16_ulp;
+    const double bound = (chain + 2 * 67 * kb) * u * s[i] + bf16_ulp;
     if (worst != nullptr && s[i] > 0) *worst = std::max(*worst, d / (u * s[i]));
     if (!(d <= bound)) {
       return "at " + std::to_string(i) + ": " + std::to_string(got[i]) + " vs " + std::to_string(want[i]) +
@@ -148,7 +152,19 @@ template <class Matrix>
 std::string linear_disagreement(const Backend& b, const std::vector<float>& got, const std::vector<float>& want,
                                 const float* x, int64_t m, const Matrix& w, double* worst = nullptr) {
   if (bits_are_the_references(b)) return first_difference(got, want);
-  return first_outside_tile_bound(got, want, abs_product_sums(x, m, w), w.k, worst);
+  return first_outside_tile_bound(got, want, abs_product_sums(x, m, w), w.k, true, worst);
+}
+// linear_bf16 (bf16 activations): S from the values as they are.
+inline std::string linear_disagreement(const Backend& b, const std::vector<float>& got, const std::vector<float>& want,
+                                       const float* x, int64_t m, const Bf16Matrix& w, double* worst = nullptr) {
+  if (bits_are_the_references(b)) return first_difference(got, want);
+  std::vector<double> s(static_cast<size_t>(m * w.n), 0.0);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t r = 0; r < w.n; ++r) {
+      for (int64_t j = 0; j < w.k; ++j) s[i * w.n + r] += std::fabs(double{x[i * w.k + j]} * bf16_to_f32(w.w[r * w.k + j]));
+    }
+  }
+  return first_outside_tile_bound(got, want, s, w.k, false, worst);
 }
 
 // bf16 activations whose 32-blocks have different magnitudes (so the act_quant scales differ), with

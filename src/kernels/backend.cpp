@@ -234,12 +234,13 @@ constexpr SimdOps kAvx512Bf16 = [] {
   return ops;
 }();
 
-// The AVX-512-BF16 level with the FP8 and FP4 linear layers on the AMX tiles: not the reference's
-// bits (simd_amx.cpp says what they are), so never the default.
+// The AVX-512-BF16 level with the FP8, FP4 and BF16 linear layers on the AMX tiles: not the
+// reference's bits (simd_amx.cpp says what they are), so never the default.
 constexpr SimdOps kAmxBf16 = [] {
   SimdOps ops = kAvx512Bf16;
   ops.linear_fp8 = detail::linear_fp8_amx;
   ops.linear_fp4 = detail::linear_fp4_amx;
+  ops.linear_bf16 = detail::linear_bf16_amx;
   return ops;
 }();
 

@@ -57,10 +57,11 @@ void linear_f32_avx512(const Exec& ex, const float* x, int64_t m, const Bf16Matr
 // rows, the AVX-512 GEMV below that; the same bits.
 void linear_fp8_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Fp8Matrix& w, float* y);
 void linear_fp4_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Fp4Matrix& w, float* y);
-// The AMX-BF16 level's FP8 and FP4 layers (simd_amx.cpp): every row count on the tile unit, with
-// that level's own numerics (declared there).
+// The AMX-BF16 level's FP8, FP4 and BF16 layers (simd_amx.cpp): every row count on the tile unit,
+// with that level's own numerics (declared there).
 void linear_fp8_amx(const Exec& ex, const float* x, int64_t m, const Fp8Matrix& w, float* y);
 void linear_fp4_amx(const Exec& ex, const float* x, int64_t m, const Fp4Matrix& w, float* y);
+void linear_bf16_amx(const Exec& ex, const float* x, int64_t m, const Bf16Matrix& w, float* y);
 // Whether this CPU's vdpbf16ps rounds as those kernels need (each of a lane's two products added in
 // turn, the upper one first); only to be asked where the CPU has AVX-512-BF16.
 bool bf16_dot_rounds_in_order();

@@ -1,4 +1,4 @@
-// AMX-BF16 kernels: the FP8 and FP4 linear layers on the tile unit (tdpbf16ps: a 16×32 bf16 tile of
+// AMX-BF16 kernels: the FP8, FP4 and BF16 linear layers on the tile unit (tdpbf16ps: a 16×32 bf16 tile of
 // activations times a 32×16 bf16 tile of weights into a 16×16 fp32 tile, 16,384 FLOPs an
 // instruction). The weights stay in the checkpoint's formats (or the load-time packing of them);
 // each 32-row weight tile is widened, a panel of K blocks at a time, into a cache-resident bf16
@@ -7,7 +7,8 @@
 // The numerics are this level's own, declared rather than the reference's bits:
 //  * the operands are exact: a widened weight is its e4m3 (or e2m1) value times its power-of-two
 //    block scale, an activation its act_quant'ed e4m3 value times its power-of-two block scale; at
-//    most 4 significant bits each, so bf16 holds them and every product is exact in fp32. Where a
+//    most 4 significant bits each, so bf16 holds them and every product is exact in fp32 (BF16
+//    layers: bf16 weights and activations as they are, their products exact too). Where a
 //    scale would put an operand outside the safe range below (so that a product could be
 //    subnormal, which the tile unit flushes, or a sum could overflow), that row takes the AVX-512
 //    level's path and that weight tile the scalar reference's, both with the reference's bits;
@@ -102,31 +103,54 @@ constexpr int64_t kBlockPairs = 16 * 16 * 2;  // uint32 pairs of one K block of 
 // [2^-17, 1.75]; e2m1 in [0.5, 6]).
 constexpr float kMinScaleW = 0x1p-43f, kMaxScaleW = 0x1p37f;
 constexpr float kMinScaleA = 0x1p-51f, kMaxScaleA = 0x1p33f;
+// The BF16 layers' operands are checked value by value against the same range.
+constexpr float kMinOperand = 0x1p-60f, kMaxBf16Weight = 0x1p40f, kMaxBf16Activation = 0x1p50f;
+
+// Lanes holding a value that is neither zero nor in [2^-60, max] in magnitude (NaN included).
+inline __mmask16 out_of_range(__m512 v, float max) {
+  const __m512 a = _mm512_abs_ps(v);
+  const __mmask16 zero = _mm512_cmp_ps_mask(a, V::zero(), _CMP_EQ_OQ);
+  const __mmask16 in = _mm512_cmp_ps_mask(a, V::set1(kMinOperand), _CMP_GE_OQ) &
+                       _mm512_cmp_ps_mask(a, V::set1(max), _CMP_LE_OQ);
+  return static_cast<__mmask16>(~(zero | in));
+}
 
 // A decoder's sink (linear_simd_impl.h) that widens a tile's weights, times their block scales, into
 // the B tiles' pair layout: block rb of the panel holds B tile v (outputs in the decoder's lane order
-// of vector v) at panel[rb][v][q][lane] = (w[k = 2q], w[2q + 1]) as (low, high) bf16 halves.
+// of vector v) at panel[rb][v][q][lane] = (w[k = 2q], w[2q + 1]) as (low, high) bf16 halves. BF16
+// weights have no scales; their values are checked instead (`bad`: a lane held a value outside the
+// safe range, a NaN or an infinity).
+template <bool Scaled>
 struct WidenSink {
   uint32_t* panel;
-  const float* ws;  // the tile's weight scales [kb][2][W]
+  const float* ws;  // the tile's weight scales [kb][2][W] (Scaled)
   int64_t c0 = 0;
   uint16_t* base = nullptr;
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  __mmask16 bad = 0;
   void begin(int64_t b) {
     base = reinterpret_cast<uint16_t*>(panel + (b - c0) * kBlockPairs);
-    s0 = V::load(ws + (2 * b) * V::W);
-    s1 = V::load(ws + (2 * b + 1) * V::W);
+    if constexpr (Scaled) {
+      s0 = V::load(ws + (2 * b) * V::W);
+      s1 = V::load(ws + (2 * b + 1) * V::W);
+    }
   }
   // j = 0..31 in order. The products by powers of two are exact, so a bf16 is the top half of its
   // fp32; an even k goes to the low half of its pair, an odd one to the high half, by a masked
   // 16-bit store (no branch on j).
   void w(int j, __m512 v0, __m512 v1) {
+    if constexpr (Scaled) {
+      v0 = V::mul(v0, s0);
+      v1 = V::mul(v1, s1);
+    } else {
+      bad = static_cast<__mmask16>(bad | out_of_range(v0, kMaxBf16Weight) | out_of_range(v1, kMaxBf16Weight));
+    }
     const int odd = j & 1;
     const __mmask32 halves = 0x55555555u << odd;
     const __m128i shift = _mm_cvtsi32_si128(16 - 16 * odd);
     uint16_t* p = base + (j / 2) * 32;
-    _mm512_mask_storeu_epi16(p, halves, _mm512_srl_epi32(_mm512_castps_si512(V::mul(v0, s0)), shift));
-    _mm512_mask_storeu_epi16(p + 512, halves, _mm512_srl_epi32(_mm512_castps_si512(V::mul(v1, s1)), shift));
+    _mm512_mask_storeu_epi16(p, halves, _mm512_srl_epi32(_mm512_castps_si512(v0), shift));
+    _mm512_mask_storeu_epi16(p + 512, halves, _mm512_srl_epi32(_mm512_castps_si512(v1), shift));
   }
   void end(int64_t) {}
 };
@@ -180,6 +204,43 @@ Activations widen_activations(const Exec& ex, const float* x, int64_t m, int64_t
   return a;
 }
 
+// BF16 layers' activations (bf16 values, linear_bf16's contract) in the same layout, K padded with
+// zeros to whole blocks; ok[i] is false for a row holding a value outside the safe range.
+Activations bf16_activations(const Exec& ex, const float* x, int64_t m, int64_t k, bool parallel) {
+  Activations a;
+  a.m = m;
+  a.k = k_blocks(k) * kQBlock;
+  a.m_pad = (m + kTileM - 1) / kTileM * kTileM;
+  a.values.reset(new uint16_t[static_cast<size_t>(a.m_pad * a.k)]);
+  a.ok.assign(static_cast<size_t>(m), 1);
+  const int64_t kb = a.k / kQBlock;
+  const auto row_out = [&](int64_t i) { return a.values.get() + (i / kTileM) * kTileM * a.k + (i % kTileM) * kQBlock; };
+  const auto rows = [&](int64_t i0, int64_t i1, Scratch&) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float* xr = x + i * k;
+      uint16_t* out = row_out(i);
+      __mmask16 bad = 0;
+      for (int64_t b = 0; b < kb; ++b) {
+        for (int h = 0; h < 2; ++h) {
+          const int64_t j = b * kQBlock + h * 16;
+          const __mmask16 real = static_cast<__mmask16>(j + 16 <= k ? 0xFFFF : j < k ? (1u << (k - j)) - 1u : 0u);
+          const __m512 v = _mm512_maskz_loadu_ps(real, xr + j);
+          bad = static_cast<__mmask16>(bad | out_of_range(v, kMaxBf16Activation));
+          const __m512i top = _mm512_srli_epi32(_mm512_castps_si512(v), 16);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + b * kTileM * kQBlock + h * 16),
+                              _mm512_cvtepi32_epi16(top));
+        }
+      }
+      a.ok[i] = bad == 0;
+    }
+  };
+  ex.run(parallel && m > 1, m, 1, rows);
+  for (int64_t i = m; i < a.m_pad; ++i) {
+    for (int64_t b = 0; b < kb; ++b) std::fill_n(row_out(i) + b * kTileM * kQBlock, kQBlock, uint16_t{0});
+  }
+  return a;
+}
+
 // Whether a tile's weight scales (fp32 lanes [kb][2][W]) keep every widened weight in range.
 bool scales_in_range(const float* ws, int64_t kb) {
   const __m512 lo = V::set1(kMinScaleW), hi = V::set1(kMaxScaleW);
@@ -195,10 +256,21 @@ bool scales_in_range(const float* ws, int64_t kb) {
 // of range: rare, so the activations are quantized again here rather than kept for it).
 template <class Kind>
 void tile_reference(const float* x, int64_t m, const typename Kind::Matrix& w, float* y, int64_t row0, int count) {
+  if constexpr (!Kind::kScaled) {  // BF16
+    for (int64_t i = 0; i < m; ++i) {
+      for (int r = 0; r < count; ++r) {
+        const uint16_t* wr = w.w + (row0 + r) * w.k;
+        float acc = 0.0f;  // reference::linear_bf16's chain: bf16 products are exact in fp32
+        for (int64_t j = 0; j < w.k; ++j) acc += x[i * w.k + j] * bf16_to_f32(wr[j]);
+        y[i * w.n + row0 + r] = round_bf16(acc);
+      }
+    }
+    return;
+  }
   const QuantizedActivations qa = quantize_rows(nullptr, x, m, w.k, Kind::kPrescale, false);
   if constexpr (std::is_same_v<Kind, Fp8Kind>) {
     tile_scalar<Kind>(qa, w, y, row0, count);
-  } else {
+  } else if constexpr (std::is_same_v<Kind, Fp4Kind>) {
     float table16[16];
     for (int c = 0; c < 16; ++c) table16[c] = e2m1_to_f32(static_cast<uint8_t>(c));
     const int64_t kb = w.k / kQBlock;
@@ -284,7 +356,7 @@ constexpr int64_t kRowBlock = 1024;
 template <class Kind>
 void gemm_tiles(const Activations& a, const float* x, const typename Kind::Matrix& w, float* y,
                 int64_t r0, int64_t r1, Scratch& s) {
-  const int64_t kb = w.k / kQBlock;
+  const int64_t kb = k_blocks(w.k);
   const int64_t tiles = (r1 - r0 + kTileRows - 1) / kTileRows;
   const bool packed = w.packed.tile_rows == kTileRows;
   const int64_t block_rows = std::min(a.m_pad, kRowBlock);
@@ -300,25 +372,25 @@ void gemm_tiles(const Activations& a, const float* x, const typename Kind::Matri
     float* ws = ws_all + t * kb * kTileRows;
     const int64_t tile = row0_of(t) / kTileRows;
     packed ? Kind::packed_scales(w, tile, ws) : Kind::tile_scales(w, row0_of(t), count_of(t), ws);
-    if ((packed && packed_nan<Kind>(w, tile)) || !scales_in_range(ws, kb)) {
+    if ((packed && packed_nan<Kind>(w, tile)) || (Kind::kScaled && !scales_in_range(ws, kb))) {
       tile_reference<Kind>(x, a.m, w, y, row0_of(t), count_of(t));
       fallback[t] = 'r';
     }
   }
   const uint8_t* blk[kTileRows];
   const auto widen = [&](int64_t t, int64_t c0, int64_t c1) {
-    WidenSink sink{panel, ws_all + t * kb * kTileRows, c0};
+    WidenSink<Kind::kScaled> sink{panel, ws_all + t * kb * kTileRows, c0};
+    bool nan = false;
     if (packed) {
       for (int64_t b = c0; b < c1; ++b) Kind::PDec::step(packed_block<Kind>(w, row0_of(t) / kTileRows, b), b, sink);
-      return;
+    } else {
+      const Tile<Kind> rows(w, row0_of(t), r1, s);
+      for (int64_t b = c0; b < c1; ++b) {
+        rows.block(b, blk, s);
+        Kind::Dec::step(blk, b, sink, nan);
+      }
     }
-    const Tile<Kind> rows(w, row0_of(t), r1, s);
-    bool nan = false;
-    for (int64_t b = c0; b < c1; ++b) {
-      rows.block(b, blk, s);
-      Kind::Dec::step(blk, b, sink, nan);
-    }
-    if (nan) fallback[t] = 'n';
+    if (nan || sink.bad != 0) fallback[t] = 'n';
   };
   const TileScope tile_state;
   for (int64_t m0 = 0; m0 < a.m_pad; m0 += block_rows) {
@@ -366,11 +438,11 @@ void gemm_tiles(const Activations& a, const float* x, const typename Kind::Matri
 template <class Kind>
 void run_linear_tiles(const Exec& ex, const float* x, int64_t m, const typename Kind::Matrix& w, float* y,
                       void (*row_fallback)(const Exec&, const float*, int64_t, const typename Kind::Matrix&, float*)) {
-  static_assert(Kind::kScaled, "the tile GEMM is for the quantized kinds: their operands are exact in bf16");
   if (m <= 0 || w.n <= 0) return;
-  assert(w.k % kQBlock == 0 && "act_quant needs K in whole blocks of 32");
+  assert((!Kind::kScaled || w.k % kQBlock == 0) && "act_quant needs K in whole blocks of 32");
   const bool parallel = w.n * w.k >= kParallelMin;
-  const Activations a = widen_activations(ex, x, m, w.k, Kind::kPrescale, parallel);
+  const Activations a = Kind::kScaled ? widen_activations(ex, x, m, w.k, Kind::kPrescale, parallel)
+                                      : bf16_activations(ex, x, m, w.k, parallel);
   ex.run(parallel, w.n, kTileRows,
          [&](int64_t r0, int64_t r1, Scratch& s) { gemm_tiles<Kind>(a, x, w, y, r0, r1, s); });
   for (int64_t i = 0; i < m; ++i) {
@@ -387,6 +459,9 @@ void linear_fp8_amx(const Exec& ex, const float* x, int64_t m, const Fp8Matrix& 
 }
 void linear_fp4_amx(const Exec& ex, const float* x, int64_t m, const Fp4Matrix& w, float* y) {
   amx::run_linear_tiles<amx::Fp4Kind>(ex, x, m, w, y, linear_fp4_avx512);
+}
+void linear_bf16_amx(const Exec& ex, const float* x, int64_t m, const Bf16Matrix& w, float* y) {
+  amx::run_linear_tiles<amx::Bf16Kind<false>>(ex, x, m, w, y, linear_bf16_avx512);
 }
 
 }  // namespace dsv41::detail
@@ -406,6 +481,9 @@ void linear_fp8_amx(const Exec&, const float* x, int64_t m, const Fp8Matrix& w, 
 }
 void linear_fp4_amx(const Exec&, const float* x, int64_t m, const Fp4Matrix& w, float* y) {
   reference::linear_fp4(x, m, w, y);
+}
+void linear_bf16_amx(const Exec&, const float* x, int64_t m, const Bf16Matrix& w, float* y) {
+  reference::linear_bf16(x, m, w, y);
 }
 }  // namespace dsv41::detail
 

@@ -32,6 +32,24 @@ std::string parse_error(const json& j) {
   return "";
 }
 
+// An edit of the released config and a piece of the error it must give.
+struct BrokenCase {
+  const char* what;
+  std::function<void(json&)> edit;
+  const char* expect;
+};
+
+// Each edit is an error naming the file and the expected problem.
+void expect_errors(const std::vector<BrokenCase>& cases) {
+  for (const BrokenCase& c : cases) {
+    json j = released_json();
+    c.edit(j);
+    const std::string msg = parse_error(j);
+    EXPECT_NE(msg.find("cfg.json"), std::string::npos) << c.what << ": " << msg;
+    EXPECT_NE(msg.find(c.expect), std::string::npos) << c.what << ": " << msg;
+  }
+}
+
 TEST(Config, ReadsTheReleasedHfConfig) {
   ModelConfig c = load_config(test::released_config());
   EXPECT_EQ(c.dim, 5120);
@@ -68,12 +86,7 @@ TEST(Config, WrittenFormsReadBackIdentically) {
 }
 
 TEST(Config, RejectsBrokenConfigsNamingTheProblem) {
-  struct Case {
-    const char* what;
-    std::function<void(json&)> edit;
-    const char* expect;
-  };
-  std::vector<Case> cases = {
+  const std::vector<BrokenCase> cases = {
       {"missing key", [](json& j) { j["text_config"].erase("hidden_size"); }, "hidden_size / dim\" is missing"},
       {"wrong type", [](json& j) { j["text_config"]["num_hidden_layers"] = "forty"; }, "must be an integer"},
       {"short ratios", [](json& j) { j["text_config"]["compress_ratios"].erase(42); }, "compress_ratios has 42 entries, expected 43"},
@@ -98,24 +111,13 @@ TEST(Config, RejectsBrokenConfigsNamingTheProblem) {
       {"too many experts", [](json& j) { j["text_config"]["num_experts_per_tok"] = 500; }, "n_activated_experts exceeds"},
       {"huge int", [](json& j) { j["text_config"]["num_hidden_layers"] = 1e12; }, "out of range"},
   };
-  for (const Case& c : cases) {
-    json j = released_json();
-    c.edit(j);
-    std::string msg = parse_error(j);
-    EXPECT_NE(msg.find("cfg.json"), std::string::npos) << c.what << ": " << msg;
-    EXPECT_NE(msg.find(c.expect), std::string::npos) << c.what << ": " << msg;
-  }
+  expect_errors(cases);
   EXPECT_EQ(parse_error(released_json()), "");
   EXPECT_NE(parse_error(json::array()).find("must be a JSON object"), std::string::npos);
 }
 
 TEST(Config, KeysThatChangeTheMathUnimplementedAreErrorsNamingThem) {
-  struct Case {
-    const char* what;
-    std::function<void(json&)> edit;
-    const char* expect;
-  };
-  std::vector<Case> cases = {
+  const std::vector<BrokenCase> cases = {
       {"biases", [](json& j) { j["text_config"]["attention_bias"] = true; }, "attention_bias = true"},
       {"grouped routing", [](json& j) { j["text_config"]["n_group"] = 8; }, "n_group = 8"},
       {"topk method", [](json& j) { j["text_config"]["topk_method"] = "greedy"; }, "topk_method = \"greedy\""},
@@ -123,13 +125,7 @@ TEST(Config, KeysThatChangeTheMathUnimplementedAreErrorsNamingThem) {
       {"mscale", [](json& j) { j["text_config"]["rope_scaling"]["mscale"] = 1.0; }, "mscale"},
       {"static scales", [](json& j) { j["quantization_config"]["activation_scheme"] = "static"; }, "activation_scheme = \"static\""},
   };
-  for (const Case& c : cases) {
-    json j = released_json();
-    c.edit(j);
-    std::string msg = parse_error(j);
-    EXPECT_NE(msg.find("cfg.json"), std::string::npos) << c.what << ": " << msg;
-    EXPECT_NE(msg.find(c.expect), std::string::npos) << c.what << ": " << msg;
-  }
+  expect_errors(cases);
   // Every offending key is named in one error, not only the first.
   json j = released_json();
   j["text_config"]["attention_bias"] = true;

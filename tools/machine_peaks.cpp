@@ -7,6 +7,7 @@
 #include <cstring>
 #include <thread>
 
+#include "kernels/amx_tile_config.h"
 #include "kernels/cpu_features.h"
 
 #if defined(__x86_64__)
@@ -90,20 +91,11 @@ __attribute__((target("avx512f,avx512bf16"))) double avx512_bf16_loop(int64_t it
   return 4.0 * 16 * 16 * static_cast<double>(iters);
 }
 
-// AMX palette 1 (Intel SDM vol. 1 §18.2): 64-byte config, then per tile its bytes per row and rows.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // tdpbf16ps C[16×16 fp32] += A[16×32 bf16] · B[32×16 bf16, stored as 16 rows of 16 bf16 pairs]:
 // 2·16·16·32 FLOPs. Tiles 0-3 accumulate, 4-5 hold A, 6-7 hold B, each C fed by a distinct (A, B).
 // The tile state is per thread: each thread configures its own and releases it.
 __attribute__((target("amx-tile,amx-bf16"))) double amx_bf16_loop(int64_t iters, float* sink) {
-  TileConfig cfg;
+  AmxTileConfig cfg;
   for (int t = 0; t < 8; ++t) {
     cfg.bytes_per_row[t] = 64;
     cfg.rows[t] = 16;
@@ -191,7 +183,7 @@ std::vector<UnitPeak> measure_unit_peaks(int threads) {
   std::vector<UnitPeak> out;
   const CpuFeatures& f = cpu_features();
 #if defined(__x86_64__)
-  if (f.amx_bf16 && request_amx_permission()) out.push_back(measure("amx_bf16", amx_bf16_loop, threads));
+  if (f.amx_permitted) out.push_back(measure("amx_bf16", amx_bf16_loop, threads));
   if (f.avx512_bf16) out.push_back(measure("avx512_bf16", avx512_bf16_loop, threads));
   if (f.avx512) out.push_back(measure("avx512_fp32_fma", avx512_fma_loop, threads));
   if (f.avx2) out.push_back(measure("avx2_fp32_fma", avx2_fma_loop, threads));

@@ -84,8 +84,6 @@ const CpuFeatures& cpu_features() {
   return features;
 }
 
-bool request_amx_permission() { return cpu_features().amx_permitted; }
-
 Isa detected_isa() { return best(cpu_features()); }
 
 Isa default_isa() {

@@ -27,18 +27,16 @@ struct CpuFeatures {
   bool amx_permitted = false;  // and Linux granted this process the tile data (arch_prctl)
 };
 
-// What the processor and OS support (detected once, by cpuid and xgetbv).
+// What the processor and OS support (detected once, by cpuid and xgetbv; where the CPU has AMX, the
+// detection also asks Linux for the tile data, arch_prctl ARCH_REQ_XCOMP_PERM: amx_permitted).
 const CpuFeatures& cpu_features();
 // The best level the machine supports.
 Isa detected_isa();
-// The level a backend gets when none is asked for: the best supported one, except that AVX-512-BF16
-// gives way to AVX-512 where its dot unit computes less than the FMA (bf16_dot_over_fma < 1). Every
-// level gives the same bits, so this choice is about speed alone.
+// The level a backend gets when none is asked for: the best supported level that gives the
+// reference's bits, except that AVX-512-BF16 gives way to AVX-512 where its dot unit computes less
+// than the FMA (bf16_dot_over_fma < 1). Those levels give the same bits, so that choice is about speed
+// alone.
 Isa default_isa();
-// Asks Linux for permission to use AMX tile data in this process (arch_prctl ARCH_REQ_XCOMP_PERM):
-// without it the first tile instruction faults. False when the CPU, the OS or the kernel refuses.
-// The permission is the kernel's per-process state; asking again is harmless.
-bool request_amx_permission();
 // True when `isa` can run here.
 bool isa_supported(Isa isa);
 // True for the levels whose every op gives the scalar references' bits (all but amx_bf16).

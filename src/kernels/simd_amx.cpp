@@ -30,12 +30,11 @@
 #include <cassert>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <memory>
-#include <optional>
 #include <type_traits>
 #include <vector>
 
+#include "kernels/amx_tile_config.h"
 #include "kernels/linear_internal.h"
 #include "kernels/reference.h"
 #include "kernels/torch_math.h"
@@ -66,23 +65,15 @@ namespace dsv41::detail::amx {
 
 // ---- tiles ----------------------------------------------------------------------------------------
 
-// Palette 1 (Intel SDM vol. 1 §18.2): tiles 0-3 accumulate (16 rows × 16 fp32), 4-5 hold activation
-// rows (16 × 32 bf16), 6-7 weight pairs (16 pair rows × 16 outputs × 2 bf16). Every tile is 16 rows
-// of 64 bytes; a matrix with fewer rows is padded with zero rows, so one configuration serves all.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
+// Tiles 0-3 accumulate (16 rows × 16 fp32), 4-5 hold activation rows (16 × 32 bf16), 6-7 weight
+// pairs (16 pair rows × 16 outputs × 2 bf16). Every tile is 16 rows of 64 bytes; a matrix with fewer
+// rows is padded with zero rows, so one configuration serves all.
 // The calling thread's tile state, configured for the life of the object (the state is per thread).
 struct TileScope {
   TileScope() {
-    TileConfig cfg;
+    AmxTileConfig cfg;
     for (int t = 0; t < 8; ++t) {
-      cfg.colsb[t] = 64;
+      cfg.bytes_per_row[t] = 64;
       cfg.rows[t] = 16;
     }
     _tile_loadconfig(&cfg);

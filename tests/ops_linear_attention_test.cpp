@@ -146,6 +146,15 @@ TEST(KernelsSimd, OutOfRangeScalesTakeTheReferencesPath) {
       EXPECT_EQ(first_difference(fallback_part(got4), fallback_part(want4), true), "") << "fp4 " << label(*be);
       EXPECT_EQ(linear_disagreement(*be, got8, want8, x.data(), m, m8), "") << "fp8 " << label(*be);
       EXPECT_EQ(linear_disagreement(*be, got4, want4, x.data(), m, m4), "") << "fp4 " << label(*be);
+      if (packed && ab.packed.tile_rows > 0) {
+        // A packed BF16 matrix without its row-major values (the loader drops wo_a's converted copy):
+        // the same bits, fallbacks included.
+        Bf16Matrix only = ab;
+        only.w = nullptr;
+        std::vector<float> packed_only(wantb.size());
+        be->linear_bf16(x.data(), m, only, packed_only.data());
+        EXPECT_EQ(first_difference(packed_only, gotb, true), "") << "bf16 packed only " << label(*be);
+      }
     }
   }
 }

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "util/error.h"
+#include "util/host_memory.h"
 
 namespace dsv41::cli {
 
@@ -78,6 +79,11 @@ uint64_t Args::get_u64(const std::string& flag, uint64_t fallback) const {
     fail(flag, "expects a non-negative integer, got \"" + s + "\"");
   }
   return v;
+}
+
+uint64_t Args::get_size(const std::string& flag, uint64_t fallback) const {
+  auto it = values_.find(flag);
+  return it == values_.end() ? fallback : parse_byte_size(it->second, flag);
 }
 
 double Args::get_number(const std::string& flag, double fallback) const {

@@ -25,6 +25,7 @@ class Args {
   int64_t get_int(const std::string& flag, int64_t fallback, int64_t min, int64_t max) const;
   uint64_t get_u64(const std::string& flag, uint64_t fallback) const;
   double get_number(const std::string& flag, double fallback) const;  // finite decimal or exponent form
+  uint64_t get_size(const std::string& flag, uint64_t fallback) const;  // "16G", "512M" (util/host_memory.h)
   const std::vector<std::string>& positional() const { return positional_; }
 
  private:

@@ -501,16 +501,19 @@ int run_bench(int argc, char** argv) {
         "  --long-prefill A,B,..  long-context prompt lengths (default 2048,8192,32768)\n"
         "  --long-decode A,B,..   long-context decode contexts (default 1024,8192,32768)\n"
         "  --long-cached N        long-context prefix hit: tokens of history cached (default 32768)\n"
-        "  --long-new N           long-context prefix hit: new tokens after them (default 256)");
+        "  --long-new N           long-context prefix hit: new tokens after them (default 256)\n"
+        "  --ram SIZE             memory budget the model's load follows (default: the RAM, or the memory\n"
+        "                         cgroup's limit); the plan and the load time are in the report");
     return 0;
   }
   Args args("bench", argc, argv, {"--model", "--scenario", "--steps", "--io-threads", "--plot", "--lengths", "--gemm-rows",
-             "--long-prefill", "--long-decode", "--long-cached", "--long-new"}, {"--json"},
+             "--long-prefill", "--long-decode", "--long-cached", "--long-new", "--ram"}, {"--json"},
             {{"-m", "--model"}});
   const std::string dir = args.required("--model");
   const std::string scenarios = args.get("--scenario", "gemm,cold-prefill,prefix-hit,decode,concurrency");
   const int steps = static_cast<int>(args.get_int("--steps", 0, 1, 10000000));
   const int io_threads = static_cast<int>(args.get_int("--io-threads", 4, 1, 256));
+  const uint64_t ram_bytes = args.get_size("--ram", 0);
   const std::vector<int64_t> lengths = count_list(args, "--lengths", "128,512,2048", 2);
   const std::vector<int64_t> gemm_rows = count_list(args, "--gemm-rows", "1,16,64,256,1024", 1);
   LongContextPlan long_plan;
@@ -549,7 +552,16 @@ int run_bench(int argc, char** argv) {
   std::shared_ptr<const Model> model;  // loaded once; every scenario's engines share it
   auto need_model = [&] {
     if (model) return;
-    model = load_model(dir, {backend});
+    ModelOptions mo;
+    mo.backend = backend;
+    mo.ram_bytes = ram_bytes;
+    mo.prefill_chunk = kDefaultPrefillChunk;
+    MemoryPlan plan;
+    const auto t0 = std::chrono::steady_clock::now();
+    model = load_model(dir, mo, &plan);
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    report["load"] = {{"seconds", load_s}, {"plan", plan_to_json(plan)}};
+    for (const std::string& w : plan.warnings) std::fprintf(stderr, "memory plan: %s\n", w.c_str());
     for (const std::string& key : model->config().unknown_keys) {
       std::fprintf(stderr, "%s: unknown config key %s (ignored)\n", model->config().source.c_str(), key.c_str());
     }

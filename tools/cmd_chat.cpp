@@ -37,6 +37,8 @@ constexpr const char* kHelp = R"(usage: dsv41 chat -m DIR [options]
       --temperature T    sampling temperature (default 0: greedy)
       --system TEXT      a system prompt for the conversation
       --ignore-eos       keep writing past the end-of-sequence token (for measuring)
+      --ram SIZE         memory budget the model's load follows, e.g. 16G (default: the RAM, or the
+                         memory cgroup's limit when lower; `dsv41 plan` shows the plan)
 
 At the prompt: a line is your message; /reset starts a new conversation; /think on|off turns
 reasoning on or off; /exit or Ctrl-D leaves. Ctrl-C stops the answer being written.
@@ -66,7 +68,7 @@ int run_chat(int argc, char** argv) {
     std::fputs(kHelp, stdout);
     return 0;
   }
-  Args args("chat", argc, argv, {"--model", "--thinking", "--max-tokens", "--temperature", "--system"}, {"--ignore-eos"},
+  Args args("chat", argc, argv, {"--model", "--thinking", "--max-tokens", "--temperature", "--system", "--ram"}, {"--ignore-eos"},
             {{"-m", "--model"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
   const std::string thinking_flag = args.get("--thinking", "on");
@@ -90,6 +92,7 @@ int run_chat(int argc, char** argv) {
   EngineOptions eo;
   eo.model_dir = args.required("--model");
   eo.parallel = 1;
+  eo.ram_bytes = args.get_size("--ram", 0);
   eo.backend = backend_from_environment();
   Engine engine(eo);
   const bool tty = isatty(fileno(stdin)) != 0;

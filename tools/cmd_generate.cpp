@@ -49,6 +49,8 @@ constexpr const char* kHelp = R"(usage: dsv41 generate -m DIR (-p TEXT | -f FILE
                              (e.g. a previous greedy output), to measure verification at full acceptance
       --engram T             where the Engram tables are read from: mmap (default), ram (loaded into
                              memory) or pread (rows read from the file by I/O threads, fetched ahead)
+      --ram SIZE             memory budget the model's load follows, e.g. 16G (default: the RAM, or
+                             the memory cgroup's limit when lower; `dsv41 plan` shows the plan)
       --prompt-cache DIR     keep prompt prefixes' state in DIR and reuse it in later runs
       --cache-mode M         exact (windows kept: bit-identical restore, default) or replay (only
                              global KV kept; the last window tokens are re-run on a hit)
@@ -103,7 +105,7 @@ int run_generate(int argc, char** argv) {
   }
   Args args("generate", argc, argv,
             {"--model", "--prompt", "--file", "--prompt-ids", "--n-predict", "--temp", "--top-p", "--seed", "--teacher-ids",
-             "--prefill-mode", "--chunk", "--index-keys", "--dump-logits", "--prompt-cache", "--cache-mode", "--engram", "--speculative", "--draft-length", "--oracle-drafts", "--acceptance-guard"},
+             "--prefill-mode", "--chunk", "--index-keys", "--dump-logits", "--prompt-cache", "--cache-mode", "--engram", "--ram", "--speculative", "--draft-length", "--oracle-drafts", "--acceptance-guard"},
             {"--json", "--ignore-eos", "--no-bos"}, {{"-m", "--model"}, {"-p", "--prompt"}, {"-f", "--file"}, {"-n", "--n-predict"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
   const std::string dir = args.required("--model");
@@ -158,6 +160,7 @@ int run_generate(int argc, char** argv) {
   eo.prompt_cache_dir = args.get("--prompt-cache", "");
   eo.cache_mode = parse_cache_mode(args.get("--cache-mode", "exact"));
   eo.engram = parse_engram_tier(args.get("--engram", "mmap"));
+  eo.ram_bytes = args.get_size("--ram", 0);
   eo.backend = backend_from_environment();
   eo.log = [](const std::string& line) { std::fprintf(stderr, "dsv41 generate: warning: %s\n", line.c_str()); };
   Engine engine(eo);

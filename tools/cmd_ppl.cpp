@@ -45,6 +45,8 @@ constexpr const char* kHelp = R"(usage: dsv41 ppl -m DIR -f FILE [options]
                          restored this way (default: none, every window prefilled whole)
       --parallel N       chunks run at once (default 4)
       --json             print one JSON object instead of the running figures
+      --ram SIZE         memory budget the model's load follows, e.g. 16G (default: the RAM, or the
+                         memory cgroup's limit when lower; `dsv41 plan` shows the plan)
 )";
 
 struct Chunk {
@@ -63,7 +65,7 @@ int run_ppl(int argc, char** argv) {
     return 0;
   }
   Args args("ppl", argc, argv,
-            {"--model", "--file", "--ctx", "--stride", "--chunks", "--parallel", "--prefill-mode", "--restore"}, {"--json"},
+            {"--model", "--file", "--ctx", "--stride", "--chunks", "--parallel", "--prefill-mode", "--restore", "--ram"}, {"--json"},
             {{"-m", "--model"}, {"-f", "--file"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
   const std::string path = args.required("--file");
@@ -99,6 +101,7 @@ int run_ppl(int argc, char** argv) {
     eo.cache_ram_bytes = uint64_t{1} << 40;  // every window's context stays until it is restored
     eo.cache_mode = parse_cache_mode(restore);
   }
+  eo.ram_bytes = args.get_size("--ram", 0);
   eo.backend = backend_from_environment();
   eo.log = [](const std::string& line) { std::fprintf(stderr, "dsv41 ppl: warning: %s\n", line.c_str()); };
   Engine engine(eo);

@@ -35,6 +35,8 @@ constexpr const char* kHelp = R"(usage: dsv41 serve -m DIR [options]
                              the folder's size cap; least recently used entries go past it (default 8192)
       --cache-mode M         exact (default) or replay, as in generate
       --cache-ram-mb N       RAM the prefix cache may keep (default 256)
+      --ram SIZE             memory budget the model's load follows, e.g. 16G (default: the RAM, or
+                             the memory cgroup's limit when lower; `dsv41 plan` shows the plan)
       --prefill-chunk N      prompt tokens one sequence prefills per step (default 256)
       --engram T             mmap (default), ram or pread
       --speculative M        dspark or off (default): speculative decoding for requests that do not
@@ -104,7 +106,7 @@ int run_serve(int argc, char** argv) {
   }
   Args args("serve", argc, argv,
             {"--model", "--host", "--port", "--parallel", "--kv-budget-mb", "--prompt-cache", "--cache-mode",
-             "--cache-ram-mb", "--prefill-chunk", "--engram", "--threads", "--thinking", "--default-max-tokens",
+             "--cache-ram-mb", "--prefill-chunk", "--engram", "--ram", "--threads", "--thinking", "--default-max-tokens",
              "--served-model-name", "--api-key", "--api-key-file", "--cors-origins", "--max-connections", "--prompt-cache-disk-mb",
              "--request-timeout", "--header-timeout", "--body-timeout", "--speculative", "--draft-length"},
             {"--log-requests", "--test-hooks"}, {{"-m", "--model"}});
@@ -120,6 +122,7 @@ int run_serve(int argc, char** argv) {
   eo.cache_ram_bytes = static_cast<uint64_t>(args.get_int("--cache-ram-mb", 256, 0, int64_t{1} << 24)) << 20;
   eo.prefill_chunk = args.get_int("--prefill-chunk", 256, 1, 1 << 20);
   eo.engram = parse_engram_tier(args.get("--engram", "mmap"));
+  eo.ram_bytes = args.get_size("--ram", 0);
   const std::string spec = args.get("--speculative", "off");
   if (spec != "dspark" && spec != "off") fail("--speculative", "must be dspark or off, got \"" + spec + "\"");
   eo.speculative = spec == "dspark" ? SpeculativeMethod::DSpark : SpeculativeMethod::Off;

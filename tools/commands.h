@@ -15,5 +15,6 @@ int run_chat(int argc, char** argv);
 int run_ppl(int argc, char** argv);
 int run_tokenizer(int argc, char** argv);
 int run_pack(int argc, char** argv);
+int run_plan(int argc, char** argv);
 
 }  // namespace dsv41::cli

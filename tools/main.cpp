@@ -18,6 +18,8 @@ usage: dsv41 <command> [options]
 commands:
   inspect PATH [--json]                         layer roles, state graph, bytes per token, parameters,
                                                 Engram constants of a model folder or config.json
+  plan PATH [--ram SIZE] [--json]               where each class of tensor lives for a RAM budget, the
+                                                resident bytes, disk reads per token, load time
   make-tiny --out DIR [--preset P] [--seed N]   write a random checkpoint in the released layout
                                                 (presets: tiny, small, bench, long)
   generate -m DIR (-p TEXT | -f FILE | --prompt-ids IDS)
@@ -56,6 +58,7 @@ int main(int argc, char** argv) {
     if (command == "serve") return dsv41::cli::run_serve(argc - 2, argv + 2);
     if (command == "chat") return dsv41::cli::run_chat(argc - 2, argv + 2);
     if (command == "ppl") return dsv41::cli::run_ppl(argc - 2, argv + 2);
+    if (command == "plan") return dsv41::cli::run_plan(argc - 2, argv + 2);
     if (command == "pack") return dsv41::cli::run_pack(argc - 2, argv + 2);
     if (command == "tokenizer") return dsv41::cli::run_tokenizer(argc - 2, argv + 2);
     std::fprintf(stderr, "dsv41: unknown command '%s'\n\n%s", command.c_str(), kUsage);

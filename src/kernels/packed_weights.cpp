@@ -119,4 +119,22 @@ std::unique_ptr<PackedWeights> pack_bf16(const Exec& exec, Allocator& allocator,
                                          padded(w.k) * 2, 2, tile_rows, nullptr, 0, false);
 }
 
+namespace {
+int64_t tile_count(int64_t n, int tile_rows) { return (n + tile_rows - 1) / tile_rows; }
+}  // namespace
+
+int64_t packed_fp8_bytes(int64_t n, int64_t k, int tile_rows) {
+  const int64_t tiles = tile_count(n, tile_rows);
+  return tiles * tile_rows * padded(k) + tiles;  // the tiles, one NaN flag per tile
+}
+
+int64_t packed_fp4_bytes(int64_t n, int64_t k, int tile_rows) {
+  const int64_t tiles = tile_count(n, tile_rows);
+  return tiles * tile_rows * (padded(k) / 2 + k / kKBlock);  // the tiles, their scale codes
+}
+
+int64_t packed_bf16_bytes(int64_t n, int64_t k, int tile_rows) {
+  return tile_count(n, tile_rows) * tile_rows * padded(k) * 2;
+}
+
 }  // namespace dsv41

@@ -46,4 +46,10 @@ std::unique_ptr<PackedWeights> pack_fp8(const Exec& exec, Allocator& allocator, 
 std::unique_ptr<PackedWeights> pack_fp4(const Exec& exec, Allocator& allocator, const Fp4Matrix& w, int tile_rows);
 std::unique_ptr<PackedWeights> pack_bf16(const Exec& exec, Allocator& allocator, const Bf16Matrix& w, int tile_rows);
 
+// The bytes each of them allocates for an [n, k] matrix (k logical: FP4 stores k/2 bytes a row),
+// what a memory plan counts before anything is loaded. PackedWeights::bytes() of the result equals it.
+int64_t packed_fp8_bytes(int64_t n, int64_t k, int tile_rows);
+int64_t packed_fp4_bytes(int64_t n, int64_t k, int tile_rows);
+int64_t packed_bf16_bytes(int64_t n, int64_t k, int tile_rows);
+
 }  // namespace dsv41

@@ -248,11 +248,16 @@ bool scales_in_range(const float* ws, int64_t kb) {
 template <class Kind>
 void tile_reference(const float* x, int64_t m, const typename Kind::Matrix& w, float* y, int64_t row0, int count) {
   if constexpr (!Kind::kScaled) {  // BF16
+    // Packed, the weights are read from the tile (element (r, j) at j·32 + r): a packed BF16 matrix
+    // need not keep its row-major values (the loader drops wo_a's converted copy).
+    const bool packed = w.packed.tile_rows == kTileRows;
+    const uint16_t* tile =
+        packed ? reinterpret_cast<const uint16_t*>(w.packed.tiles + (row0 / kTileRows) * w.packed.tile_bytes) : nullptr;
     for (int64_t i = 0; i < m; ++i) {
       for (int r = 0; r < count; ++r) {
-        const uint16_t* wr = w.w + (row0 + r) * w.k;
+        const auto weight = [&](int64_t j) { return packed ? tile[j * kTileRows + r] : w.w[(row0 + r) * w.k + j]; };
         float acc = 0.0f;  // reference::linear_bf16's chain: bf16 products are exact in fp32
-        for (int64_t j = 0; j < w.k; ++j) acc += x[i * w.k + j] * bf16_to_f32(wr[j]);
+        for (int64_t j = 0; j < w.k; ++j) acc += x[i * w.k + j] * bf16_to_f32(weight(j));
         y[i * w.n + row0 + r] = round_bf16(acc);
       }
     }

@@ -16,7 +16,7 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 void norm_rows(const Backend& be, float* x, int64_t rows, int64_t n, const Bf16Tensor& w, double eps) {
-  be.rms_norm(x, rows, n, w.bits.data(), static_cast<float>(eps), x, true);
+  be.rms_norm(x, rows, n, w.data(), static_cast<float>(eps), x, true);
 }
 
 // The rope lanes (the last rope_head_dim of each `width`-wide row) of `rows` rows, `per_position`

@@ -28,7 +28,7 @@ Stream embed_tokens(const Backend& be, const ModelConfig& c, const Bf16Tensor& t
   Stream x;
   x.rows = count;
   x.X.resize(static_cast<size_t>(count * hc * c.dim));
-  be.embed(table.bits.data(), c.dim, tokens, count, hc, x.X.data());
+  be.embed(table.data(), c.dim, tokens, count, hc, x.X.data());
   x.pre.assign(static_cast<size_t>(count * hc), 0.0f);
   for (int64_t i = 0; i < count; ++i) x.pre[i * hc] = 1.0f;
   return x;
@@ -42,7 +42,7 @@ void run_block(const Backend& be, const ModelConfig& c, const LayerRole& r, cons
   Mixes a = hc_mixes(be, c, x.X.data(), n, L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base);
   std::vector<float> u(static_cast<size_t>(n * d)), y(static_cast<size_t>(n * d));
   hc_pre(be, c, x.X.data(), x.pre.data(), n, u.data());
-  be.rms_norm(u.data(), n, d, L.attn_norm.bits.data(), eps, u.data(), true);
+  be.rms_norm(u.data(), n, d, L.attn_norm.data(), eps, u.data(), true);
   AttentionProjection projected = project_attention(be, c, r, L.attn, u.data(), n, replay);
   std::vector<float> o(static_cast<size_t>(n * c.n_heads * c.head_dim));
   core(projected, o.data());
@@ -51,7 +51,7 @@ void run_block(const Backend& be, const ModelConfig& c, const LayerRole& r, cons
   // mixes from the new stream, its input collapsed with the attention's pre; its own pre goes to the
   // next block
   Mixes f = hc_step(be, c, x.X.data(), y.data(), a, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, n, u.data());
-  be.rms_norm(u.data(), n, d, L.ffn_norm.bits.data(), eps, u.data(), true);
+  be.rms_norm(u.data(), n, d, L.ffn_norm.data(), eps, u.data(), true);
   moe_forward(be, c, r.layer, L.ffn, u.data(), n, x.span.empty() ? nullptr : x.span.data(), y.data());
   hc_post(be, c, x.X.data(), y.data(), f, n);
   x.pre = std::move(f.pre);
@@ -62,7 +62,7 @@ void run_head(const Backend& be, const ModelConfig& c, const Stream& x, int64_t 
   const int64_t hc = c.hc_mult, d = c.dim;
   std::vector<float> h(static_cast<size_t>(count * d)), normed(static_cast<size_t>(count * d));
   hc_pre(be, c, &x.X[first * hc * d], &x.pre[first * hc], count, h.data());
-  be.rms_norm(h.data(), count, d, norm.bits.data(), static_cast<float>(c.norm_eps), normed.data(), true);
+  be.rms_norm(h.data(), count, d, norm.data(), static_cast<float>(c.norm_eps), normed.data(), true);
   be.linear_f32(normed.data(), count, head.view(), logits);
   if (hidden != nullptr) *hidden = std::move(h);
 }

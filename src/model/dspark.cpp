@@ -23,7 +23,7 @@ std::vector<float> main_x(const Model& m, const float* taps, int64_t count) {
   const Backend& be = m.backend();
   std::vector<float> x(static_cast<size_t>(count * c.dim));
   be.linear_fp8(taps, count, m.weights().dspark.main_proj, x.data());
-  be.rms_norm(x.data(), count, c.dim, m.weights().dspark.main_norm.bits.data(), static_cast<float>(c.norm_eps),
+  be.rms_norm(x.data(), count, c.dim, m.weights().dspark.main_norm.data(), static_cast<float>(c.norm_eps),
               x.data(), true);
   return x;
 }
@@ -91,7 +91,7 @@ void Drafter::observe(SequenceState& seq, const std::vector<float>& taps, int64_
   for (int layer = c.n_layers; layer < c.total_layers(); ++layer) {
     const AttentionWeights& w = model_.weights().layers[layer].attn;
     be.linear_fp8(x.data(), count, w.wkv, kv.data());
-    be.rms_norm(kv.data(), count, D, w.kv_norm.bits.data(), static_cast<float>(c.norm_eps), kv.data(), true);
+    be.rms_norm(kv.data(), count, D, w.kv_norm.data(), static_cast<float>(c.norm_eps), kv.data(), true);
     std::vector<uint8_t>& ring = st.window[layer];
     if (ring.empty()) ring.assign(static_cast<size_t>(W * wrb), 0);
     be.rope(model_.rope(layer), rope_tail(&kv[first * D], n, D, c.rope_head_dim, 1, start + first), false);
@@ -128,7 +128,7 @@ Draft Drafter::draft(const SequenceState& seq, int32_t next, TokenPicker& picker
   std::vector<float> e(static_cast<size_t>(R)), bias(static_cast<size_t>(V)), conf_in(static_cast<size_t>(d + R));
   int32_t prev = next;
   for (int64_t i = 0; i < B; ++i) {
-    be.embed(W.dspark.markov_embed.bits.data(), R, &prev, 1, 1, e.data());
+    be.embed(W.dspark.markov_embed.data(), R, &prev, 1, 1, e.data());
     be.linear_f32(e.data(), 1, W.dspark.markov_head.view(), bias.data());
     float* row = &out.logits[i * V];
     be.add(row, bias.data(), V);

@@ -11,6 +11,7 @@
 #include "numeric/row_codecs.h"
 #include "state/sequence_access.h"
 #include "util/error.h"
+#include "util/host_memory.h"
 
 namespace dsv41 {
 
@@ -348,10 +349,26 @@ std::vector<int64_t> Model::engram_history(const std::vector<int32_t>& tokens) c
   return hasher_.compress(std::vector<int32_t>(tokens.begin() + static_cast<long>(from), tokens.end()));
 }
 
-std::unique_ptr<Model> load_model(const std::string& dir, const ModelOptions& options) {
+MemoryPlan plan_model_memory(const ModelConfig& config, const Backend& backend, const ModelOptions& options) {
+  MemoryPlanRequest r;
+  r.ram_bytes = options.ram_bytes != 0 ? options.ram_bytes : read_host_memory().budget_bytes();
+  r.tile_rows = backend.weight_tile_rows();
+  r.kv_bytes = options.kv_bytes;
+  r.prompt_cache_bytes = options.prompt_cache_bytes;
+  r.prefill_chunk = options.prefill_chunk;
+  r.threads = backend.threads();
+  r.engram = options.engram;
+  return plan_memory(config, r);
+}
+
+std::unique_ptr<Model> load_model(const std::string& dir, const ModelOptions& options, MemoryPlan* plan_out) {
   std::shared_ptr<const Backend> backend = options.backend ? options.backend : make_backend();
   ModelConfig config = load_config(dir);
-  auto weights = std::make_shared<const ModelWeights>(dir, config, backend, options.engram);
+  MemoryPlan plan = plan_model_memory(config, *backend, options);
+  require_plan_fits(plan, dir);
+  auto weights = std::make_shared<const ModelWeights>(dir, config, backend, options.engram,
+                                                      WeightPlacement{plan.pack_dense, plan.pack_experts});
+  if (plan_out != nullptr) *plan_out = std::move(plan);
   const std::string tok_path = dir + "/tokenizer.json";
   std::ifstream in(tok_path, std::ios::binary);
   if (!in) fail(tok_path, "cannot be opened (the Engram token map is built from it)");

@@ -16,6 +16,7 @@
 #include "model/engram.h"
 #include "model/forward_context.h"
 #include "state/sequence_state.h"
+#include "model/memory_plan.h"
 #include "model/weights.h"
 
 namespace dsv41 {
@@ -118,10 +119,22 @@ class Model {
 struct ModelOptions {
   std::shared_ptr<const Backend> backend;  // null: make_backend() with its defaults
   EngramTier engram = EngramTier::Mmap;
+  // The memory budget the load follows (model/memory_plan.h); 0: what the host and its cgroup allow.
+  uint64_t ram_bytes = 0;
+  // What the runtime will hold beside the weights, for the plan: KV pages, the prompt cache's RAM
+  // (granted up to this), prompt tokens per forward call.
+  uint64_t kv_bytes = 0;
+  uint64_t prompt_cache_bytes = 0;
+  int64_t prefill_chunk = 512;
 };
 
-// Loads a model folder: config, weights (checked against the config, packed for the backend) and the
-// Engram token map built from its tokenizer.json.
-std::unique_ptr<Model> load_model(const std::string& dir, const ModelOptions& options = {});
+// The plan a load with these options follows (model/memory_plan.h), for the backend's packing.
+MemoryPlan plan_model_memory(const ModelConfig& config, const Backend& backend, const ModelOptions& options);
+
+// Loads a model folder: config, weights (checked against the config, packed for the backend as far as
+// the memory plan allows) and the Engram token map built from its tokenizer.json. An Error before
+// anything large is read when even the minimal plan does not fit the budget; `plan` (optional)
+// receives the plan followed.
+std::unique_ptr<Model> load_model(const std::string& dir, const ModelOptions& options = {}, MemoryPlan* plan = nullptr);
 
 }  // namespace dsv41

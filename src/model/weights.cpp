@@ -17,7 +17,8 @@ namespace {
 
 class Binder {
  public:
-  explicit Binder(const Checkpoint& c) : ckpt_(c) {}
+  // `anon` counts the bytes of every copy or conversion made (ModelWeights::anon_bytes).
+  Binder(const Checkpoint& c, uint64_t& anon) : ckpt_(c), anon_(anon) {}
 
   Fp8Matrix fp8(const std::string& name) const {
     const TensorView& w = ckpt_.get(name + ".weight");
@@ -29,13 +30,21 @@ class Binder {
     const TensorView& s = ckpt_.get(name + ".scale");
     return {w.data, s.data, w.shape()[0], w.shape()[1] * 2};
   }
+  // A view into the mapping; a copy where the tensor starts at an odd address (a crafted file: the
+  // format promises no alignment), since the kernels read aligned uint16 values.
   Bf16Tensor bf16(const std::string& name) const {
     const TensorView& t = ckpt_.get(name);
     Bf16Tensor out;
     out.n = t.shape()[0];
     out.k = t.shape().size() > 1 ? t.shape()[1] : 1;
-    out.bits.resize(static_cast<size_t>(t.numel()));
-    std::memcpy(out.bits.data(), t.data, t.nbytes());
+    if (reinterpret_cast<uintptr_t>(t.data) % alignof(uint16_t) == 0) {
+      out.values = reinterpret_cast<const uint16_t*>(t.data);
+      return out;
+    }
+    out.owned.resize(static_cast<size_t>(t.numel()));
+    std::memcpy(out.owned.data(), t.data, t.nbytes());
+    out.values = out.owned.data();
+    anon_ += t.nbytes();
     return out;
   }
   bool has(const std::string& name) const { return ckpt_.find(name) != nullptr; }
@@ -48,12 +57,18 @@ class Binder {
     const TensorView& t = ckpt_.get(name);
     std::vector<float> out(static_cast<size_t>(t.numel()));
     std::memcpy(out.data(), t.data, t.nbytes());
+    anon_ += t.nbytes();
     return out;
   }
+  // Values read for a conversion at load (not kept: the caller counts what it keeps).
   std::vector<float> bf16_as_f32(const std::string& name) const {
-    Bf16Tensor t = bf16(name);
-    std::vector<float> out(t.bits.size());
-    for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_f32(t.bits[i]);
+    const TensorView& t = ckpt_.get(name);
+    std::vector<float> out(static_cast<size_t>(t.numel()));
+    for (size_t i = 0; i < out.size(); ++i) {
+      uint16_t v;
+      std::memcpy(&v, t.data + 2 * i, 2);
+      out[i] = bf16_to_f32(v);
+    }
     return out;
   }
   // An FP8 matrix dequantized to bf16 (exact: an e4m3 value times a power of two fits bf16), through
@@ -63,7 +78,9 @@ class Binder {
     Bf16Tensor out;
     out.n = m.n;
     out.k = m.k;
-    out.bits.resize(static_cast<size_t>(m.n * m.k));
+    out.owned.resize(static_cast<size_t>(m.n * m.k));
+    out.values = out.owned.data();
+    anon_ += out.owned.size() * sizeof(uint16_t);
     const int64_t scale_cols = (m.k + 31) / 32;
     float codes[256];
     for (int i = 0; i < 256; ++i) codes[i] = e4m3_to_f32(static_cast<uint8_t>(i));
@@ -71,7 +88,7 @@ class Binder {
       for (int64_t c0 = 0; c0 < m.k; c0 += 32) {
         const float s = e8m0_to_f32(m.scale[(r / 32) * scale_cols + c0 / 32]);
         for (int64_t c = c0; c < std::min(m.k, c0 + 32); ++c) {
-          out.bits[static_cast<size_t>(r * m.k + c)] = bf16_from_f32(codes[m.w[r * m.k + c]] * s);
+          out.owned[static_cast<size_t>(r * m.k + c)] = bf16_from_f32(codes[m.w[r * m.k + c]] * s);
         }
       }
     }
@@ -80,6 +97,7 @@ class Binder {
 
  private:
   const Checkpoint& ckpt_;
+  uint64_t& anon_;
 };
 
 void bind_block(const Binder& b, const ModelConfig& c, const LayerRole& r, const std::string& p, LayerWeights& L) {
@@ -129,11 +147,11 @@ void bind_block(const Binder& b, const ModelConfig& c, const LayerRole& r, const
 }  // namespace
 
 ModelWeights::ModelWeights(const std::string& dir, const ModelConfig& config, std::shared_ptr<const Backend> backend,
-                           EngramTier engram_tier)
+                           EngramTier engram_tier, WeightPlacement placement)
     : config_(config), backend_(std::move(backend)), checkpoint_(std::make_unique<Checkpoint>(dir)) {
   if (!backend_) fail(dir, "weights need a backend");
   check_checkpoint(*checkpoint_, config_);
-  Binder b(*checkpoint_);
+  Binder b(*checkpoint_, anon_bytes_);
   embed = b.bf16("embed.weight");
   head = b.bf16("head.weight");
   norm = b.bf16("norm.weight");
@@ -153,6 +171,7 @@ ModelWeights::ModelWeights(const std::string& dir, const ModelConfig& config, st
       std::vector<float> q = b.bf16_as_f32(p + "engram.q_weight"), k = b.bf16_as_f32(p + "engram.k_weight");
       e.qk.resize(q.size());
       for (size_t i = 0; i < q.size(); ++i) e.qk[i] = q[i] * k[i];
+      anon_bytes_ += e.qk.size() * sizeof(float);
       L.engram = std::move(e);
     }
   }
@@ -165,7 +184,7 @@ ModelWeights::ModelWeights(const std::string& dir, const ModelConfig& config, st
     dspark.markov_head = b.bf16(last + "markov_head.head.weight");
     dspark.confidence = b.bf16(last + "confidence_head.proj.weight");
   }
-  pack_matrices(*backend_);
+  pack_matrices(*backend_, placement);
 }
 
 namespace {
@@ -182,29 +201,47 @@ void release_mapped(const uint8_t* p, int64_t bytes) {
 
 }  // namespace
 
-void ModelWeights::pack_matrices(const Backend& backend) {
+// Packs matrix by matrix, dropping each one's mapped pages as soon as its packed copy exists, so the
+// load never holds a second copy of more than one matrix.
+void ModelWeights::pack_matrices(const Backend& backend, WeightPlacement placement) {
   if (backend.weight_tile_rows() == 0) return;  // this backend reads the checkpoint's layout
   const auto fp8 = [&](Fp8Matrix& m) {
-    if (m.w == nullptr) return;
+    if (m.w == nullptr || !placement.pack_dense) return;
     packed_.push_back(backend.pack(m));
     m.packed = packed_.back()->view();
+    anon_bytes_ += packed_.back()->bytes();
     release_mapped(m.w, m.n * m.k);
   };
   const auto fp4 = [&](Fp4Matrix& m) {
-    if (m.w == nullptr) return;
+    if (m.w == nullptr || !placement.pack_experts) return;
     packed_.push_back(backend.pack(m));
     m.packed = packed_.back()->view();
+    anon_bytes_ += packed_.back()->bytes();
     release_mapped(m.w, m.n * m.k / 2);
   };
-  const auto bf16 = [&](Bf16Tensor& t) {
-    if (!t.bits.empty()) t.packed = backend.pack(t.view());
+  // A BF16 matrix is then held once: its mapped pages dropped, or its own values (wo_a's conversion)
+  // freed, since every level's kernels read a packed BF16 matrix from the tiles alone as long as the
+  // sub-matrices the model takes (rows of `group_rows`) start on tile boundaries.
+  const auto bf16 = [&](Bf16Tensor& t, int64_t group_rows) {
+    if (t.empty() || !placement.pack_dense) return;
+    auto p = backend.pack(t.view());
+    anon_bytes_ += p->bytes();
+    t.packed = std::move(p);
+    if (t.owned.empty()) {
+      release_mapped(reinterpret_cast<const uint8_t*>(t.values), t.n * t.k * 2);
+    } else if (group_rows % backend.weight_tile_rows() == 0) {
+      anon_bytes_ -= t.owned.size() * sizeof(uint16_t);
+      t.owned = {};
+      t.values = nullptr;
+    }
   };
-  bf16(head);
+  bf16(head, head.n);
   for (LayerWeights& L : layers) {
     AttentionWeights& a = L.attn;
     for (Fp8Matrix* m : {&a.wq_a, &a.wq_b, &a.wkv, &a.wo_b, &a.idx_wq_b}) fp8(*m);
-    for (Bf16Tensor* t : {&a.wo_a, &a.comp_wkv, &a.comp_wgate, &a.idx_wk, &a.idx_weights_proj}) bf16(*t);
-    bf16(L.ffn.gate);
+    bf16(a.wo_a, config_.o_lora_rank);  // attention.cpp takes it a group of o_lora_rank rows at a time
+    for (Bf16Tensor* t : {&a.comp_wkv, &a.comp_wgate, &a.idx_wk, &a.idx_weights_proj}) bf16(*t, t->n);
+    bf16(L.ffn.gate, L.ffn.gate.n);
     for (Fp8Matrix* m : {&L.ffn.shared.w1, &L.ffn.shared.w2, &L.ffn.shared.w3}) fp8(*m);
     for (ExpertMatrices<Fp4Matrix>& e : L.ffn.experts) {
       for (Fp4Matrix* m : {&e.w1, &e.w2, &e.w3}) fp4(*m);
@@ -212,8 +249,8 @@ void ModelWeights::pack_matrices(const Backend& backend) {
     if (L.engram) fp8(L.engram->wkv);
   }
   fp8(dspark.main_proj);
-  bf16(dspark.markov_head);
-  bf16(dspark.confidence);
+  bf16(dspark.markov_head, dspark.markov_head.n);
+  bf16(dspark.confidence, dspark.confidence.n);
 }
 
 }  // namespace dsv41

@@ -1,7 +1,8 @@
 // The model's weights, bound to a memory-mapped checkpoint. Quantized matrices (FP8 dense, FP4
-// experts, FP8 Engram tables) stay in the mapping as zero-copy views; the small BF16/F32 tensors are
-// copied once into aligned fp32 arrays (the mapping gives no alignment guarantee), and attn.wo_a is
-// dequantized to bf16 values as the reference's converter does.
+// experts, FP8 Engram tables) and BF16 tensors stay in the mapping as zero-copy views (a BF16 tensor
+// at an odd address is copied, the one alignment its kernels need); the F32 tensors are copied into
+// fp32 arrays, and attn.wo_a is dequantized to bf16 values as the reference's converter does. Which
+// matrices are packed for the kernels is the memory plan's choice (model/memory_plan.h).
 #pragma once
 
 #include <cstdint>
@@ -17,17 +18,29 @@
 
 namespace dsv41 {
 
-// A BF16 matrix copied into aligned storage (the kernels take uint16 bf16 bits), with the SIMD
-// kernels' packed copy when the model packed it.
+// A BF16 tensor (the kernels take uint16 bf16 bits): a view into the mapping, or values of its own
+// (converted at load, or copied from an odd address), with the SIMD kernels' packed copy when the
+// plan packed it. Move-only: `values` may point into `owned`.
 struct Bf16Tensor {
-  std::vector<uint16_t> bits;
+  Bf16Tensor() = default;
+  Bf16Tensor(Bf16Tensor&&) = default;
+  Bf16Tensor& operator=(Bf16Tensor&&) = default;
+  Bf16Tensor(const Bf16Tensor&) = delete;
+  Bf16Tensor& operator=(const Bf16Tensor&) = delete;
+
+  std::vector<uint16_t> owned;
+  // n·k bf16 values: owned.data() or the mapping; null for a packed matrix whose converted values
+  // the loader freed (the kernels read it from `packed` alone).
+  const uint16_t* values = nullptr;
   int64_t n = 0, k = 0;
   std::shared_ptr<const PackedWeights> packed;
-  Bf16Matrix view() const { return {bits.data(), n, k, packed ? packed->view() : PackedView{}}; }
+  const uint16_t* data() const { return values; }
+  bool empty() const { return n == 0; }
+  Bf16Matrix view() const { return {values, n, k, packed ? packed->view() : PackedView{}}; }
   // Rows [row0, row0 + count) as a matrix of their own (one group of a block-diagonal projection).
   Bf16Matrix rows(int64_t row0, int64_t count) const {
     const Bf16Matrix all = view();
-    return {bits.data() + row0 * k, count, k, all.packed.from_row(row0)};
+    return {values ? values + row0 * k : nullptr, count, k, all.packed.from_row(row0)};
   }
 };
 
@@ -71,15 +84,25 @@ struct DsparkWeights {  // the extras of the first and last DSpark stages
   Bf16Tensor main_norm, norm, markov_embed, markov_head, confidence;
 };
 
+// Which matrices the loader packs for the backend's kernels (MemoryPlan::pack_dense / pack_experts);
+// the others are read in the checkpoint's layout through the mapping, with the same results.
+struct WeightPlacement {
+  bool pack_dense = true;    // FP8 attention and shared experts, Engram wkv, the BF16 linears
+  bool pack_experts = true;  // the FP4 routed experts
+};
+
 class ModelWeights {
  public:
   // Opens the checkpoint in `dir`, checks every tensor against the config, binds the views and packs
-  // the matrices for `backend`'s linear ops (in its memory); the Engram tables are served from
-  // `engram_tier` (io/engram_store.h).
+  // the matrices `placement` names for `backend`'s linear ops (in its memory); the Engram tables are
+  // served from `engram_tier` (io/engram_store.h).
   ModelWeights(const std::string& dir, const ModelConfig& config, std::shared_ptr<const Backend> backend,
-               EngramTier engram_tier = EngramTier::Mmap);
+               EngramTier engram_tier = EngramTier::Mmap, WeightPlacement placement = {});
   const ModelConfig& config() const { return config_; }
   const Checkpoint& checkpoint() const { return *checkpoint_; }
+  // Anonymous memory the weights took at load: packed copies and copied or converted tensors (what
+  // the memory plan's weights_anon_bytes predicts; the Engram ram tier's copy is its store's).
+  uint64_t anon_bytes() const { return anon_bytes_; }
 
   Bf16Tensor embed, head, norm;
   std::vector<LayerWeights> layers;  // backbone layers then DSpark blocks
@@ -88,12 +111,13 @@ class ModelWeights {
  private:
   // Re-lays every matrix the linear layers read for the backend's kernels (packed_weights.h); the
   // FP8/FP4 views keep pointing into the mapping for the scalar paths.
-  void pack_matrices(const Backend& backend);
+  void pack_matrices(const Backend& backend, WeightPlacement placement);
 
   ModelConfig config_;
   std::shared_ptr<const Backend> backend_;  // holds the memory of the packed copies: kept as long as they are
   std::unique_ptr<Checkpoint> checkpoint_;
   std::vector<std::unique_ptr<PackedWeights>> packed_;  // behind the FP8/FP4 views' `packed`
+  uint64_t anon_bytes_ = 0;
 };
 
 }  // namespace dsv41

@@ -107,7 +107,24 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
                       : [](const std::string& line) { std::fprintf(stderr, "dsv41 engine: %s\n", line.c_str()); };
   if (options.parallel < 1) fail("--parallel", "must be at least 1");
   if (options.prefill_chunk < 1) fail("prefill chunk", "must be at least 1");
-  m.model = options.model ? options.model : std::shared_ptr<const Model>(load_model(options.model_dir, {options.backend, options.engram}));
+  uint64_t cache_ram_bytes = options.cache_ram_bytes;
+  if (options.model) {
+    m.model = options.model;
+  } else {
+    // The plan counts the KV the running sequences can reach and grants the prompt cache what is left
+    // of its share.
+    ModelOptions mo;
+    mo.backend = options.backend ? options.backend : make_backend();
+    mo.engram = options.engram;
+    mo.ram_bytes = options.ram_bytes;
+    mo.kv_bytes = kv_reserve_bytes(load_config(options.model_dir), options.kv_budget_bytes, options.parallel);
+    mo.prompt_cache_bytes = options.cache_ram_bytes;
+    mo.prefill_chunk = options.prefill_chunk;
+    MemoryPlan plan;
+    m.model = load_model(options.model_dir, mo, &plan);
+    cache_ram_bytes = plan.prompt_cache_bytes;
+    for (const std::string& w : plan.warnings) m.log("memory plan: " + w);
+  }
   m.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_file(options.model_dir + "/tokenizer.json"));
   const ModelConfig& c = m.model->config();
   for (const std::string& key : c.unknown_keys) m.log(c.source + ": unknown config key " + key + " (ignored)");
@@ -124,7 +141,7 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
     fail("--draft-length", "must be between 0 (adaptive) and the DSpark block size");
   }
   // The folder is made (or refused, naming it) and indexed here, before any request waits on it.
-  m.cache = std::make_unique<PrefixCache>(*m.model, *m.pools, options.cache_mode, options.cache_ram_bytes,
+  m.cache = std::make_unique<PrefixCache>(*m.model, *m.pools, options.cache_mode, cache_ram_bytes,
                                           options.prompt_cache_dir, IndexKeysMode::Owner,
                                           DiskTierOptions{options.prompt_cache_disk_bytes, m.log});
   m.stats.kv_budget_bytes = options.kv_budget_bytes;

@@ -1,0 +1,97 @@
+// dsv41 plan: where each class of tensor would live for a RAM budget (model/memory_plan.h), the peak
+// and steady resident bytes, the disk reads per decode token and the load time, from the config
+// alone; the same plan every command that loads the model follows.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "backend_env.h"
+#include "cli.h"
+#include "commands.h"
+#include "io/config.h"
+#include "model/memory_plan.h"
+#include "util/error.h"
+#include "util/host_memory.h"
+
+namespace dsv41::cli {
+
+namespace {
+
+constexpr const char* kHelp = R"(usage: dsv41 plan (-m DIR | -m config.json | PATH) [options]
+
+For a RAM budget, where each class of tensor lives (packed for the kernels, read through the mapping,
+streamed from the checkpoint with the page cache as expert cache, the Engram tier), the peak and
+steady resident bytes, the bytes read from disk per decode token and the load time. Only the config
+is read, so it answers for checkpoints that are not on this machine. The engine follows the same plan
+when it loads (--ram on generate, serve, bench, ppl and chat).
+
+  -m, --model PATH       a model folder or its config.json
+      --ram SIZE         the budget, e.g. 64G or 512M (default: the RAM, or the memory cgroup's limit
+                         when lower)
+      --parallel N       sequences running at once, as serve (default 4)
+      --kv-budget-mb N   KV pages for running sequences, as serve (default 1024)
+      --cache-ram-mb N   prompt-cache RAM asked for, as serve (default 256)
+      --prefill-chunk N  prompt tokens per forward call, as serve (default 256)
+      --engram T         mmap (default), ram or pread, as serve
+      --hit-rate H       expert-cache hit rate to plan the disk reads with, 0..1 (default: the
+                         fraction of the experts the cache holds, as for uniform routing)
+      --disk-gbps X      disk read bandwidth for the load time, GB/s (default 2, an assumption)
+      --json             one JSON object
+The backend's packing comes from the environment as for every command (DSV41_ISA, DSV41_PACK).
+)";
+
+}  // namespace
+
+int run_plan(int argc, char** argv) {
+  if (wants_help(argc, argv)) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  Args args("plan", argc, argv,
+            {"--model", "--ram", "--parallel", "--kv-budget-mb", "--cache-ram-mb", "--prefill-chunk", "--engram",
+             "--hit-rate", "--disk-gbps"},
+            {"--json"}, {{"-m", "--model"}});
+  std::string path = args.get("--model", "");
+  if (path.empty() == args.positional().empty() || args.positional().size() > 1) {
+    fail("plan", "expects one model folder or config.json, as -m PATH or as PATH");
+  }
+  if (path.empty()) path = args.positional()[0];
+  const ModelConfig config = load_config(path);
+  const HostMemory host = read_host_memory();
+
+  MemoryPlanRequest r;
+  r.ram_bytes = args.has("--ram") ? parse_byte_size(args.get("--ram"), "--ram") : host.budget_bytes();
+  r.tile_rows = backend_from_environment()->weight_tile_rows();
+  const int parallel = static_cast<int>(args.get_int("--parallel", 4, 1, 4096));
+  const uint64_t kv_budget = static_cast<uint64_t>(args.get_int("--kv-budget-mb", 1024, 1, int64_t{1} << 24)) << 20;
+  r.kv_bytes = kv_reserve_bytes(config, kv_budget, parallel);
+  r.prompt_cache_bytes = static_cast<uint64_t>(args.get_int("--cache-ram-mb", 256, 0, int64_t{1} << 24)) << 20;
+  r.prefill_chunk = args.get_int("--prefill-chunk", 256, 1, 1 << 20);
+  r.threads = backend_from_environment()->threads();
+  r.engram = parse_engram_tier(args.get("--engram", "mmap"));
+  r.hit_rate = args.get_number("--hit-rate", -1);
+  if (args.has("--hit-rate") && !(r.hit_rate >= 0 && r.hit_rate <= 1)) fail("--hit-rate", "must be from 0 to 1");
+  const double gbps = args.get_number("--disk-gbps", 2);
+  if (!(gbps > 0 && gbps < 1e4)) fail("--disk-gbps", "must be a positive bandwidth in GB/s");
+  r.disk_bytes_per_s = gbps * 1e9;
+  const MemoryPlan plan = plan_memory(config, r);
+
+  if (args.has("--json")) {
+    nlohmann::json j = plan_to_json(plan);
+    j["config"] = config.source;
+    j["host"] = {{"total_bytes", host.total_bytes}, {"available_bytes", host.available_bytes},
+                 {"cgroup_limit_bytes", host.cgroup_limit_bytes}, {"cgroup", host.cgroup}};
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("model  %s\nhost   RAM %s, available %s", config.source.c_str(),
+                format_bytes(static_cast<double>(host.total_bytes)).c_str(),
+                format_bytes(static_cast<double>(host.available_bytes)).c_str());
+    if (host.cgroup_limit_bytes != 0) {
+      std::printf(", cgroup limit %s (%s)", format_bytes(static_cast<double>(host.cgroup_limit_bytes)).c_str(),
+                  host.cgroup.c_str());
+    }
+    std::printf("\n%s", plan_to_text(plan).c_str());
+  }
+  return plan.fits() ? 0 : 1;
+}
+
+}  // namespace dsv41::cli

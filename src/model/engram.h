@@ -18,6 +18,10 @@ namespace dsv41 {
 // takes the pad id from there on, as one that reaches before the sequence's start does.
 constexpr int64_t kEngramDead = -1;
 
+// Error naming tokenizer.json when `map` is not the one the config's Engram tables were hashed with
+// (its compressed vocabulary's size fixes every hash multiplier).
+void check_engram_token_map(const ModelConfig& config, const EngramTokenMap& map);
+
 class EngramHasher {
  public:
   EngramHasher(const ModelConfig& config, EngramTokenMap map);

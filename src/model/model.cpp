@@ -366,9 +366,7 @@ std::unique_ptr<Model> load_model(const std::string& dir, const ModelOptions& op
   ModelConfig config = load_config(dir);
   MemoryPlan plan = plan_model_memory(config, *backend, options);
   require_plan_fits(plan, dir);
-  auto weights = std::make_shared<const ModelWeights>(dir, config, backend, options.engram,
-                                                      WeightPlacement{plan.pack_dense, plan.pack_experts});
-  if (plan_out != nullptr) *plan_out = std::move(plan);
+  // The tokenizer before the weights: a wrong one is refused before a long load.
   const std::string tok_path = dir + "/tokenizer.json";
   std::ifstream in(tok_path, std::ios::binary);
   if (!in) fail(tok_path, "cannot be opened (the Engram token map is built from it)");
@@ -379,6 +377,11 @@ std::unique_ptr<Model> load_model(const std::string& dir, const ModelOptions& op
     fail(tok_path, std::string("is not valid JSON: ") + e.what());
   }
   EngramTokenMap map = build_engram_token_map(tok, config.vocab_size);
+  tok = nlohmann::json();
+  check_engram_token_map(config, map);
+  auto weights = std::make_shared<const ModelWeights>(dir, config, backend, options.engram,
+                                                      WeightPlacement{plan.pack_dense, plan.pack_experts});
+  if (plan_out != nullptr) *plan_out = std::move(plan);
   return std::make_unique<Model>(std::move(backend), std::move(weights), std::move(map));
 }
 

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "text/bpe_trainer.h"
+#include "text/engram_token_map.h"
 #include "text/byte_level.h"
 #include "util/error.h"
 
@@ -61,6 +62,32 @@ int64_t tiny_special_id(int64_t vocab_size, const std::string& token) {
 }
 
 json build_tiny_tokenizer(int64_t vocab_size) { return build_bpe_tokenizer(vocab_size, kTrainingText); }
+
+json build_tiny_tokenizer_for_engram(int64_t vocab_size, int64_t engram_compressed_size) {
+  json tok = build_tiny_tokenizer(vocab_size);
+  const int64_t distinct = build_engram_token_map(tok, vocab_size).size;
+  int64_t merge = distinct - engram_compressed_size;  // fillers to fold onto earlier ones
+  json& added = tok["added_tokens"];
+  std::vector<size_t> fillers;
+  for (size_t i = 0; i < added.size(); ++i) {
+    if (added[i]["content"].get<std::string>().rfind("<｜reserved_", 0) == 0) fillers.push_back(i);
+  }
+  if (merge < 0 || static_cast<size_t>(merge) * 2 > fillers.size()) {
+    fail("tokenizer", "a " + std::to_string(vocab_size) + "-id tiny tokenizer has " + std::to_string(distinct) +
+                          " Engram ids and cannot be folded to " + std::to_string(engram_compressed_size));
+  }
+  // Filler k from the end takes filler k's name in upper case: "<｜RESERVED_k｜>" lowercases to it.
+  for (int64_t k = 0; k < merge; ++k) {
+    json& t = added[fillers[fillers.size() - 1 - static_cast<size_t>(k)]];
+    std::string name = added[fillers[static_cast<size_t>(k)]]["content"].get<std::string>();
+    const std::string from = "reserved", to = "RESERVED";
+    name.replace(name.find(from), from.size(), to);
+    tok["model"]["vocab"].erase(t["content"].get<std::string>());
+    tok["model"]["vocab"][name] = t["id"];
+    t["content"] = name;
+  }
+  return tok;
+}
 
 json build_bpe_tokenizer(int64_t vocab_size, std::string_view training_text) {
   const int64_t fixed = static_cast<int64_t>(std::size(kSpecials) + 256 + tiny_special_tokens().size());

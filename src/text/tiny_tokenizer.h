@@ -25,6 +25,12 @@ nlohmann::json build_tiny_tokenizer(int64_t vocab_size);
 // fixed tokens depend only on vocab_size, so tiny_special_id() holds for these tokenizers too.
 nlohmann::json build_bpe_tokenizer(int64_t vocab_size, std::string_view training_text);
 
+// build_tiny_tokenizer's layout whose Engram compressed vocabulary (text/engram_token_map.h) has
+// exactly `engram_compressed_size` ids: the last reserved fillers are renamed to upper-case forms of
+// earlier ones, which normalise alike. For a checkpoint with a config's Engram geometry but not its
+// tokenizer (make-tiny --preset released-sparse). Error when the fillers cannot reach that size.
+nlohmann::json build_tiny_tokenizer_for_engram(int64_t vocab_size, int64_t engram_compressed_size);
+
 // The id of a special token in a tokenizer built by build_tiny_tokenizer.
 int64_t tiny_special_id(int64_t vocab_size, const std::string& token);
 

@@ -333,6 +333,11 @@ TEST(CliGenerate, BadRequestsGetClearErrors) {
   std::filesystem::copy(test::tiny_model_dir(), tmp / "m", std::filesystem::copy_options::recursive);
   std::filesystem::copy_file(test::golden_dir("tiny-dense") + "/config.json", tmp / "m/config.json",
                              std::filesystem::copy_options::overwrite_existing);
+  // another model's config and tokenizer over these weights
+  std::filesystem::copy(test::tiny_model_dir(), tmp / "t", std::filesystem::copy_options::recursive);
+  for (const char* f : {"/config.json", "/tokenizer.json"}) {
+    std::filesystem::copy_file(test::golden_dir("tiny-dense") + f, tmp / "t" + f, std::filesystem::copy_options::overwrite_existing);
+  }
   std::vector<Case> cases = {
       {"generate -p hi", "--model: is required"},
       {"generate -m /nonexistent -p hi", "/nonexistent: no such file or folder"},
@@ -346,7 +351,9 @@ TEST(CliGenerate, BadRequestsGetClearErrors) {
       {"generate" + m + " -p hi --temp -1", "temperature: must be a finite number >= 0"},
       {"generate" + m + " -p hi --top-p 0", "top_p: must be in (0, 1]"},
       {"generate" + m + " -p hi -n 5000", "exceeds the model's context of 4096"},
-      {"generate -m " + (tmp / "m") + " -p hi", "tensor"},  // weights of another model
+      // another model's config: its tokenizer is refused before the weights are read
+      {"generate -m " + (tmp / "m") + " -p hi", "tokenizer.json: gives an Engram compressed vocabulary"},
+      {"generate -m " + (tmp / "t") + " -p hi", "tensor"},  // weights of another model
   };
   expect_errors(cases);
 }

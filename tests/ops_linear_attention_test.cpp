@@ -148,12 +148,19 @@ TEST(KernelsSimd, OutOfRangeScalesTakeTheReferencesPath) {
       EXPECT_EQ(linear_disagreement(*be, got4, want4, x.data(), m, m4), "") << "fp4 " << label(*be);
       if (packed && ab.packed.tile_rows > 0) {
         // A packed BF16 matrix without its row-major values (the loader drops wo_a's converted copy):
-        // the same bits, fallbacks included.
+        // the same bits, fallbacks included (tiles 1 and 2 and rows 1, 4, 5 take them).
         Bf16Matrix only = ab;
         only.w = nullptr;
         std::vector<float> packed_only(wantb.size());
         be->linear_bf16(x.data(), m, only, packed_only.data());
         EXPECT_EQ(first_difference(packed_only, gotb, true), "") << "bf16 packed only " << label(*be);
+        // and an FP4 one without its row-major bytes and scales (the expert cache's)
+        Fp4Matrix only4 = a4;
+        only4.w = nullptr;
+        only4.scale = nullptr;
+        std::vector<float> packed_only4(want4.size());
+        be->linear_fp4(x.data(), m, only4, packed_only4.data());
+        EXPECT_EQ(first_difference(packed_only4, got4, true), "") << "fp4 packed only " << label(*be);
       }
     }
   }

@@ -1,6 +1,12 @@
 #include "bench_limits.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -14,6 +20,68 @@ double seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 }  // namespace
+
+DiskRead measure_disk_read(const std::string& dir, uint64_t bytes, int threads) {
+  constexpr uint64_t kBlock = uint64_t{8} << 20;
+  struct Block {
+    std::string path;
+    uint64_t offset;
+  };
+  std::vector<Block> blocks;
+  uint64_t planned = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".safetensors") continue;
+    const uint64_t size = entry.file_size();
+    for (uint64_t off = 0; off + kBlock <= size && planned < bytes; off += kBlock, planned += kBlock) {
+      blocks.push_back({entry.path().string(), off});
+    }
+  }
+  DiskRead r;
+  if (blocks.empty()) return r;
+  // O_DIRECT if every file takes it; else buffered, each file's cached pages dropped first.
+  bool direct = true;
+  for (const Block& b : blocks) {
+    const int fd = ::open(b.path.c_str(), O_RDONLY | O_DIRECT);
+    if (fd < 0) {
+      direct = false;
+      break;
+    }
+    ::close(fd);
+  }
+  if (!direct) {
+    for (const Block& b : blocks) {
+      const int fd = ::open(b.path.c_str(), O_RDONLY);
+      if (fd >= 0) {
+        ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        ::close(fd);
+      }
+    }
+  }
+  std::atomic<size_t> next{0};
+  std::atomic<uint64_t> done{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> readers;
+  for (int t = 0; t < std::max(threads, 1); ++t) {
+    readers.emplace_back([&] {
+      void* buf = std::aligned_alloc(4096, kBlock);
+      if (buf == nullptr) return;
+      for (size_t i; (i = next.fetch_add(1)) < blocks.size();) {
+        const int fd = ::open(blocks[i].path.c_str(), O_RDONLY | (direct ? O_DIRECT : 0));
+        if (fd < 0) continue;
+        const ssize_t n = ::pread(fd, buf, kBlock, static_cast<off_t>(blocks[i].offset));
+        if (n > 0) done += static_cast<uint64_t>(n);
+        ::close(fd);
+      }
+      std::free(buf);
+    });
+  }
+  for (std::thread& t : readers) t.join();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.bytes = done;
+  r.gbs = secs > 0 ? static_cast<double>(done) / secs / 1e9 : 0;
+  r.mode = direct ? "direct" : "buffered";
+  return r;
+}
 
 double measure_bandwidth_gbs(const Backend& backend, uint64_t bytes, int reps) {
   const size_t words = static_cast<size_t>(bytes / 8);

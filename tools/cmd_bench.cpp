@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <condition_variable>
 #include <nlohmann/json.hpp>
@@ -101,6 +102,7 @@ double active_decode_bytes(const ModelConfig& c) {
 struct Limits {
   double bandwidth_gbs = 0;
   double peak_gflops = 0;  // the best unit's register-only peak on all the backend's cores
+  double disk_gbs = 0;     // the checkpoint's disk, measured when the experts are streamed from it
 };
 
 // One request through an engine, with when each of its events arrived.
@@ -110,7 +112,8 @@ struct Timed {
   TokenEvent last;
 };
 
-Timed run_request(Engine& e, RequestParams p) {
+// `on_token(i)` (optional) runs on the scheduler thread as token i arrives.
+Timed run_request(Engine& e, RequestParams p, const std::function<void(size_t)>& on_token = nullptr) {
   Timed t;
   std::mutex mu;
   std::condition_variable cv;
@@ -119,7 +122,10 @@ Timed run_request(Engine& e, RequestParams p) {
   e.submit(std::move(p), [&](const TokenEvent& ev) {
     const auto now = std::chrono::steady_clock::now();
     std::lock_guard<std::mutex> lock(mu);
-    if (ev.token >= 0) t.tokens.push_back(now);
+    if (ev.token >= 0) {
+      t.tokens.push_back(now);
+      if (on_token) on_token(t.tokens.size() - 1);
+    }
     if (ev.done) {
       t.done = now;
       t.last = ev;
@@ -169,10 +175,34 @@ nlohmann::json bench_decode(const std::string& dir, const std::shared_ptr<const 
   for (int64_t ctx : contexts) {
     // The first token comes from the prefill and the second step may also allocate the sequence's
     // next state pages: the steady per-token rate is timed from the second token on.
-    const Timed t = run_request(e, bench_request(random_prompt(ctx, m->config().vocab_size, 1), steps + 2));
+    // The expert cache's counters as the timed tokens start (token 1) and end.
+    ExpertCacheStats before, after;
+    const Timed t = run_request(e, bench_request(random_prompt(ctx, m->config().vocab_size, 1), steps + 2), [&](size_t i) {
+      if (m->expert_cache() == nullptr) return;
+      if (i == 1) before = m->expert_cache()->stats();
+      if (i == static_cast<size_t>(steps) + 1) after = m->expert_cache()->stats();
+    });
     const double tok_s = steps / between(t.tokens[1], t.tokens.back());
-    out.push_back({{"context", ctx}, {"tok_s", tok_s}, {"active_bytes_per_token", bytes},
-                   {"bandwidth_efficiency", bytes * tok_s / (lim.bandwidth_gbs * 1e9)}});
+    nlohmann::json row = {{"context", ctx}, {"tok_s", tok_s}, {"active_bytes_per_token", bytes},
+                          {"bandwidth_efficiency", bytes * tok_s / (lim.bandwidth_gbs * 1e9)}};
+    if (m->expert_cache()) {
+      // Streamed experts: the timed tokens' expert reads per token, and the rate the disk allows at
+      // that miss traffic (the target's yardstick).
+      const double lookups = static_cast<double>(after.hits + after.misses - before.hits - before.misses);
+      const double read_per_token = static_cast<double>(after.bytes_read - before.bytes_read) / steps;
+      row["expert_cache"] = {{"hit_rate", lookups > 0 ? static_cast<double>(after.hits - before.hits) / lookups : 1.0},
+                             {"bytes_read_per_token", read_per_token},
+                             {"read_gbs", (after.read_seconds - before.read_seconds) > 0
+                                              ? static_cast<double>(after.bytes_read - before.bytes_read) /
+                                                    (after.read_seconds - before.read_seconds) / 1e9
+                                              : 0.0}};
+      if (lim.disk_gbs > 0 && read_per_token > 0) {
+        const double disk_bound = lim.disk_gbs * 1e9 / read_per_token;
+        row["expert_cache"]["disk_bound_tok_s"] = disk_bound;
+        row["expert_cache"]["disk_efficiency"] = tok_s / disk_bound;
+      }
+    }
+    out.push_back(row);
     std::fprintf(stderr, "  decode at context %lld: %.2f tok/s\n", static_cast<long long>(ctx), tok_s);
   }
   return out;
@@ -561,6 +591,16 @@ int run_bench(int argc, char** argv) {
     model = load_model(dir, mo, &plan);
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     report["load"] = {{"seconds", load_s}, {"plan", plan_to_json(plan)}};
+    if (model->expert_cache()) {
+      // The disk is the limit of streamed experts: measured here, against the files the cache reads.
+      const DiskRead disk = measure_disk_read(dir);
+      lim.disk_gbs = disk.gbs;
+      report["machine"]["disk_read_gbs"] = disk.gbs;
+      report["machine"]["disk_read_mode"] = disk.mode;
+      report["machine"]["disk_read_bytes"] = disk.bytes;
+      std::fprintf(stderr, "disk read: %.2f GB/s (%s, %.1f GB)\n", disk.gbs, disk.mode.c_str(),
+                   static_cast<double>(disk.bytes) / 1e9);
+    }
     for (const std::string& w : plan.warnings) std::fprintf(stderr, "memory plan: %s\n", w.c_str());
     for (const std::string& key : model->config().unknown_keys) {
       std::fprintf(stderr, "%s: unknown config key %s (ignored)\n", model->config().source.c_str(), key.c_str());

@@ -210,6 +210,28 @@ std::string Checkpoint::fingerprint() const {
   if (state == nullptr) throw std::bad_alloc();
   XXH3_64bits_reset(state);
   const auto add = [state](const void* p, size_t n) { XXH3_64bits_update(state, p, n); };
+  // The bytes are read with pread, not through the mapping: a fault there maps a whole fault-around
+  // window of each tensor into the process, which for streamed experts the plan never counted.
+  std::map<std::string, int> fds;
+  struct CloseAll {
+    std::map<std::string, int>& fds;
+    ~CloseAll() {
+      for (const auto& [path, fd] : fds) ::close(fd);
+    }
+  } close_all{fds};
+  const auto read_at = [&](const TensorView& view, uint64_t offset, size_t n) {
+    uint8_t bytes[32];
+    auto it = fds.find(*view.file);
+    if (it == fds.end()) {
+      const int fd = ::open(view.file->c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) fail(*view.file, "cannot open: " + errno_text(errno));
+      it = fds.emplace(*view.file, fd).first;
+    }
+    if (::pread(it->second, bytes, n, static_cast<off_t>(view.file_offset + offset)) != static_cast<ssize_t>(n)) {
+      fail(*view.file, "cannot read tensor " + view.name() + ": " + errno_text(errno));
+    }
+    add(bytes, n);
+  };
   for (const auto& [name, view] : views_) {  // std::map: name order
     add(name.data(), name.size() + 1);  // with the terminating 0, so names cannot run together
     const int32_t dtype = static_cast<int32_t>(view->dtype());
@@ -218,8 +240,8 @@ std::string Checkpoint::fingerprint() const {
     const uint64_t bytes = view->nbytes();
     add(&bytes, sizeof bytes);
     const size_t head = std::min<size_t>(32, bytes);
-    add(view->data, head);
-    if (bytes > head) add(view->data + bytes - std::min<size_t>(32, bytes - head), std::min<size_t>(32, bytes - head));
+    if (head > 0) read_at(*view, 0, head);
+    if (bytes > head) read_at(*view, bytes - std::min<size_t>(32, bytes - head), std::min<size_t>(32, bytes - head));
   }
   const XXH64_hash_t h = XXH3_64bits_digest(state);
   XXH3_freeState(state);

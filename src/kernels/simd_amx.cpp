@@ -269,12 +269,26 @@ void tile_reference(const float* x, int64_t m, const typename Kind::Matrix& w, f
   } else if constexpr (std::is_same_v<Kind, Fp4Kind>) {
     float table16[16];
     for (int c = 0; c < 16; ++c) table16[c] = e2m1_to_f32(static_cast<uint8_t>(c));
-    const int64_t kb = w.k / kQBlock;
-    for (int64_t i = 0; i < qa.m; ++i) {
-      for (int r = 0; r < count; ++r) {
-        const int64_t n = row0 + r;
-        y[i * w.n + n] = round_bf16(
-            fp4_dot_scalar(qa.row(i), qa.row_scales(i), w.w + n * (w.k / 2), w.scale + n * kb, w.k, table16));
+    const int64_t kb = w.k / kQBlock, row_bytes = w.k / 2;
+    // Packed, a row's bytes and scales are gathered from its tile (byte c of row r at c·32 + r, scale
+    // block b at b·32 + r): a packed FP4 matrix need not keep its row-major bytes (the expert cache
+    // holds packed experts only).
+    const bool packed = w.packed.tile_rows == kTileRows;
+    std::vector<uint8_t> row(packed ? static_cast<size_t>(row_bytes + kb) : 0);
+    for (int r = 0; r < count; ++r) {
+      const int64_t n = row0 + r;
+      const uint8_t* wr = w.w + n * row_bytes;
+      const uint8_t* sr = w.scale + n * kb;
+      if (packed) {
+        const uint8_t* tile = w.packed.tiles + (row0 / kTileRows) * w.packed.tile_bytes;
+        const uint8_t* scales = w.packed.scales + (row0 / kTileRows) * w.packed.scale_tile_bytes;
+        for (int64_t c = 0; c < row_bytes; ++c) row[static_cast<size_t>(c)] = tile[c * kTileRows + r];
+        for (int64_t b = 0; b < kb; ++b) row[static_cast<size_t>(row_bytes + b)] = scales[b * kTileRows + r];
+        wr = row.data();
+        sr = row.data() + row_bytes;
+      }
+      for (int64_t i = 0; i < qa.m; ++i) {
+        y[i * w.n + n] = round_bf16(fp4_dot_scalar(qa.row(i), qa.row_scales(i), wr, sr, w.k, table16));
       }
     }
   }

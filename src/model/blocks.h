@@ -12,6 +12,7 @@
 #include "io/layer_roles.h"
 #include "kernels/backend.h"
 #include "model/attention.h"
+#include "model/expert_cache.h"
 #include "model/weights.h"
 
 namespace dsv41 {
@@ -36,9 +37,10 @@ Stream embed_tokens(const Backend& be, const ModelConfig& c, const Bf16Tensor& t
                     int64_t count);
 
 // One block over every row of the stream: attention (projections, `core`, output projection), then
-// the FFN, each wrapped in the mHC mixes. `replay` leaves the compressor's projections out.
+// the FFN, each wrapped in the mHC mixes. `replay` leaves the compressor's projections out; `experts`
+// serves the routed experts when the memory plan streams them (null: the weights' own).
 void run_block(const Backend& be, const ModelConfig& c, const LayerRole& role, const LayerWeights& L, Stream& x,
-               bool replay, const AttentionCore& core);
+               bool replay, const AttentionCore& core, const ExpertCache* experts = nullptr);
 
 // The head over `count` rows from `first`: collapse with the last pre, `norm`, the fp32 projection
 // to logits [count, vocab]. The collapsed rows before the norm go to `hidden` when it is given.

@@ -83,6 +83,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& req) {
   uint64_t dense_packed = 0, bf16_packed = 0, experts_packed = 0, largest = 0, woa_packed = 0;
   std::map<std::string, uint64_t> expert_bytes;  // per "layer.expert" prefix: weights and scales
   std::vector<uint64_t> layer_expert_bytes(static_cast<size_t>(c.total_layers()), 0);
+  std::vector<uint64_t> layer_expert_packed(static_cast<size_t>(c.total_layers()), 0);
   for (const TensorSpec& s : checkpoint_tensors(c)) {
     const uint64_t bytes = spec_bytes(s);
     const std::string& n = s.name;
@@ -90,7 +91,9 @@ MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& req) {
     if (contains(n, ".ffn.experts.")) {
       row = kExperts;
       if (s.kind == TensorKind::Fp4Weight) {
-        experts_packed += static_cast<uint64_t>(packed_fp4_bytes(s.shape[0], s.logical_in, std::max(T, 1)));
+        const uint64_t packed = static_cast<uint64_t>(packed_fp4_bytes(s.shape[0], s.logical_in, std::max(T, 1)));
+        experts_packed += packed;
+        layer_expert_packed[static_cast<size_t>(s.layer)] += packed;
         largest = std::max(largest, bytes);
       }
       // scales are copied into the packed tiles; counted with their weight above
@@ -130,7 +133,9 @@ MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& req) {
   for (int l = 0; l < c.total_layers(); ++l) {
     const int e = c.routed_experts(l);
     if (e > 0) layer_expert_bytes[static_cast<size_t>(l)] /= static_cast<uint64_t>(e);  // one expert's bytes
+    if (e > 0) layer_expert_packed[static_cast<size_t>(l)] /= static_cast<uint64_t>(e);
   }
+  const uint64_t largest_expert_packed = *std::max_element(layer_expert_packed.begin(), layer_expert_packed.end());
 
   // 1. What is needed whatever the budget.
   const uint64_t budget = req.ram_bytes;
@@ -205,12 +210,27 @@ MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& req) {
   const bool experts_resident = rows[kExperts].residence != Residence::Streamed;
   plan.prompt_cache_bytes = std::min(req.prompt_cache_bytes, experts_resident ? free_now : free_now / 4);
   used += plan.prompt_cache_bytes;
-  if (!experts_resident) {
+  if (!experts_resident && packs) {
+    // The expert cache (model/expert_cache.h): packed experts in anonymous memory, read by pread.
+    // It computes a layer's experts in groups of which two fit, so two experts are its least.
+    plan.expert_cache_bytes = std::min(budget > used ? budget - used : 0, experts_packed);
+    rows[kExperts].anon_bytes = plan.expert_cache_bytes;
+    used += plan.expert_cache_bytes;
+    if (plan.expert_cache_bytes < 2 * largest_expert_packed && plan.fits()) {
+      plan.refusal = "the routed experts are streamed and their cache needs at least two experts (" +
+                     format_bytes(2.0 * static_cast<double>(largest_expert_packed)) + "); " +
+                     format_bytes(static_cast<double>(plan.expert_cache_bytes)) + " is left of the budget of " +
+                     format_bytes(static_cast<double>(budget));
+    }
+    plan.warnings.push_back("the routed experts (" + format_bytes(static_cast<double>(experts_bytes)) +
+                            ") do not fit: read from the checkpoint into an expert cache of " +
+                            format_bytes(static_cast<double>(plan.expert_cache_bytes)));
+  } else if (!experts_resident) {
     plan.expert_cache_bytes = budget > used ? budget - used : 0;
     rows[kExperts].cached_bytes = std::min(plan.expert_cache_bytes, experts_bytes);
     used += rows[kExperts].cached_bytes;
     plan.warnings.push_back("the routed experts (" + format_bytes(static_cast<double>(experts_bytes)) +
-                            ") do not fit: streamed from the checkpoint, with " +
+                            ") do not fit: read through the mapping, with " +
                             format_bytes(static_cast<double>(plan.expert_cache_bytes)) + " of page cache");
   }
 
@@ -248,8 +268,10 @@ MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& req) {
   if (experts_resident) {
     plan.hit_rate = 1;
   } else {
-    plan.hit_rate = req.hit_rate >= 0 ? std::min(req.hit_rate, 1.0)
-                                      : static_cast<double>(rows[kExperts].cached_bytes) / static_cast<double>(std::max<uint64_t>(experts_bytes, 1));
+    // Uniform routing: the cached fraction of the experts (what a frequency policy improves on).
+    const double cached = packs ? static_cast<double>(plan.expert_cache_bytes) / static_cast<double>(std::max<uint64_t>(experts_packed, 1))
+                                : static_cast<double>(rows[kExperts].cached_bytes) / static_cast<double>(std::max<uint64_t>(experts_bytes, 1));
+    plan.hit_rate = req.hit_rate >= 0 ? std::min(req.hit_rate, 1.0) : cached;
   }
   double disk = expert_token_bytes * (1 - plan.hit_rate);
   const uint64_t resident_total = plan.runtime_bytes + rows[kVectors].anon_bytes + rows[kVectors].cached_bytes +
@@ -266,7 +288,9 @@ MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& req) {
   plan.load_seconds = plan.load_bytes / std::max(req.disk_bytes_per_s, 1.0);
 
   for (const PlanRow& r : plan.rows) plan.weights_anon_bytes += r.anon_bytes;
-  if (req.engram == EngramTier::Ram) plan.weights_anon_bytes -= rows[kEngram].anon_bytes;  // the store's, not the loader's
+  // the Engram store's copy and the expert cache fill later, not at load
+  if (req.engram == EngramTier::Ram) plan.weights_anon_bytes -= rows[kEngram].anon_bytes;
+  if (!plan.pack_experts) plan.weights_anon_bytes -= rows[kExperts].anon_bytes;
   plan.steady_bytes = used;
   plan.load_peak_bytes = used + largest;
   if (plan.fits() && used > budget && experts_resident) {
@@ -335,7 +359,10 @@ std::string plan_to_text(const MemoryPlan& p) {
   out += "\n  runtime (KV " + b(p.request.kv_bytes) + ", activations and process) " + b(p.runtime_bytes) +
          "; prompt cache RAM " + b(p.prompt_cache_bytes) + "\n";
   out += "  steady state " + b(p.steady_bytes) + ", load peak " + b(p.load_peak_bytes) + "\n";
-  if (p.expert_cache_bytes > 0) out += "  expert cache (page cache) " + b(p.expert_cache_bytes) + "\n";
+  if (p.expert_cache_bytes > 0) {
+    out += std::string("  expert cache ") + (p.request.tile_rows > 0 ? "(packed, read by pread) " : "(page cache) ") +
+           b(p.expert_cache_bytes) + "\n";
+  }
   std::snprintf(line, sizeof line,
                 "  per decode token: %s of routed experts, %s from disk at a %.1f%% expert hit rate\n",
                 b(static_cast<uint64_t>(p.expert_bytes_per_token)).c_str(),

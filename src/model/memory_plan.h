@@ -8,8 +8,9 @@
 //   2. the dense matrices every token reads (FP8 attention and shared experts, the BF16 linears):
 //      packed for the kernels when the backend packs and they fit, else read through the mapping;
 //   3. the routed experts: packed when all of them fit (they are then never read from disk again),
-//      else streamed: read through the mapping on demand, the page cache holding what is left of the
-//      budget as their cache (the kernel's LRU keeps the experts the routing uses);
+//      else streamed: read by pread into the expert cache (model/expert_cache.h), packed experts in
+//      what is left of the budget after the prompt cache's share (a backend that packs nothing reads
+//      them through the mapping instead, the page cache their cache);
 //   4. the prompt cache's RAM, up to what was asked for, from what is left;
 //   5. the Engram tables in the tier asked for (mmap and pread: page cache / reads; ram: anonymous).
 // Packing never holds a whole second copy: each matrix is packed from its mapped pages, which are then
@@ -64,10 +65,12 @@ struct MemoryPlan {
   MemoryPlanRequest request;
   std::vector<PlanRow> rows;
   bool pack_dense = false, pack_experts = false;
-  uint64_t weights_anon_bytes = 0;   // packed + copied weights: what the loader allocates
+  uint64_t weights_anon_bytes = 0;   // packed + copied weights: what the loader allocates (not the
+                                     // expert cache nor the Engram ram tier, which fill later)
   uint64_t runtime_bytes = 0;        // KV reserve + activation estimate
   uint64_t prompt_cache_bytes = 0;   // prompt-cache RAM granted
-  uint64_t expert_cache_bytes = 0;   // page cache left to streamed experts (0 when packed)
+  uint64_t expert_cache_bytes = 0;   // streamed experts' cache: packed in anonymous memory, or the
+                                     // page cache for a backend that packs nothing (0 when resident)
   uint64_t steady_bytes = 0;         // anonymous + the page cache the plan counts on
   uint64_t load_peak_bytes = 0;      // steady + the largest matrix while it is being packed
   double hit_rate = 1;               // of expert reads, planned

@@ -75,7 +75,7 @@ class EngramFetches {
 }  // namespace
 
 Model::Model(std::shared_ptr<const Backend> backend, std::shared_ptr<const ModelWeights> weights,
-             EngramTokenMap token_map)
+             EngramTokenMap token_map, uint64_t expert_cache_bytes)
     : backend_(std::move(backend)),
       weights_(std::move(weights)),
       roles_(derive_layer_roles(weights_->config())),
@@ -86,6 +86,7 @@ Model::Model(std::shared_ptr<const Backend> backend, std::shared_ptr<const Model
                        config().rope_factor, config().beta_fast, config().beta_slow),
       fingerprint_(model_fingerprint(config(), weights_->checkpoint().fingerprint())) {
   if (!backend_) fail("model", "needs a backend");
+  if (expert_cache_bytes > 0) expert_cache_ = std::make_unique<ExpertCache>(*weights_, backend_, expert_cache_bytes);
 }
 
 SequenceState Model::new_sequence(StatePools& pools) const {
@@ -302,7 +303,7 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
         attention_core(be, c, r, L.attn, rope(layer), sequence_rows(c, p, run.row0), run.ctx, *calls[k].state,
                        o + run.row0 * HD);
       }
-    });
+    }, expert_cache_.get());
     for (size_t k = 0; k < calls.size(); ++k) {
       CallRows& run = runs[k];
       if (calls[k].options.capture_blocks) {
@@ -381,8 +382,9 @@ std::unique_ptr<Model> load_model(const std::string& dir, const ModelOptions& op
   check_engram_token_map(config, map);
   auto weights = std::make_shared<const ModelWeights>(dir, config, backend, options.engram,
                                                       WeightPlacement{plan.pack_dense, plan.pack_experts});
+  const uint64_t cache = plan.pack_experts ? 0 : plan.expert_cache_bytes;
   if (plan_out != nullptr) *plan_out = std::move(plan);
-  return std::make_unique<Model>(std::move(backend), std::move(weights), std::move(map));
+  return std::make_unique<Model>(std::move(backend), std::move(weights), std::move(map), cache);
 }
 
 }  // namespace dsv41

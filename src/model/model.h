@@ -16,6 +16,7 @@
 #include "model/engram.h"
 #include "model/forward_context.h"
 #include "state/sequence_state.h"
+#include "model/expert_cache.h"
 #include "model/memory_plan.h"
 #include "model/weights.h"
 
@@ -81,11 +82,16 @@ struct ForwardCall {
 
 class Model {
  public:
-  Model(std::shared_ptr<const Backend> backend, std::shared_ptr<const ModelWeights> weights, EngramTokenMap token_map);
+  // `expert_cache_bytes` > 0: the routed experts come from an ExpertCache of that size (the memory
+  // plan's streamed placement; the weights then hold them unpacked in the mapping, unread).
+  Model(std::shared_ptr<const Backend> backend, std::shared_ptr<const ModelWeights> weights, EngramTokenMap token_map,
+        uint64_t expert_cache_bytes = 0);
   const ModelConfig& config() const { return weights_->config(); }
   const std::vector<LayerRole>& roles() const { return roles_; }
   const ModelWeights& weights() const { return *weights_; }
   const Backend& backend() const { return *backend_; }
+  // The routed experts' cache, when the memory plan streams them; null otherwise.
+  const ExpertCache* expert_cache() const { return expert_cache_.get(); }
   // The config and the checkpoint's contents in 16 hex digits (io/config.h model_fingerprint): what
   // a prompt cache's files must carry to be this model's.
   const std::string& fingerprint() const { return fingerprint_; }
@@ -114,6 +120,7 @@ class Model {
   RopeTable rope_window_;      // theta for ratio-0 layers, no YaRN
   RopeTable rope_compressed_;  // compress theta with YaRN for ratio > 0 layers
   std::string fingerprint_;
+  std::unique_ptr<ExpertCache> expert_cache_;
 };
 
 struct ModelOptions {

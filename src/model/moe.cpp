@@ -1,5 +1,6 @@
 #include "model/moe.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,7 @@ RouterParams router_params(const ModelConfig& c, int layer) {
 }
 
 void moe_forward(const Backend& be, const ModelConfig& c, int layer, const MoeWeights& w, const float* x, int64_t s,
-                 const uint8_t* span, float* out) {
+                 const uint8_t* span, float* out, const ExpertCache* cache) {
   const int64_t d = c.dim;
   const RouterParams rp = router_params(c, layer);
   const float limit = static_cast<float>(c.swiglu_limit);
@@ -45,17 +46,43 @@ void moe_forward(const Backend& be, const ModelConfig& c, int layer, const MoeWe
   // dispatch: each expert's tokens in one batch, experts in ascending order
   const MoeDispatch dispatch = be.moe_dispatch(experts.data(), weights.data(), s, rp.k, rp.experts);
   std::vector<float> routed(static_cast<size_t>(dispatch.entries() * d)), xs;
-  for (int64_t e = 0; e < rp.experts; ++e) {
+  const auto run_expert = [&](int64_t e, const ExpertMatrices<Fp4Matrix>& m) {
     const int64_t first = dispatch.offsets[static_cast<size_t>(e)],
-                  m = dispatch.offsets[static_cast<size_t>(e + 1)] - first;
-    if (m == 0) continue;
-    xs.resize(static_cast<size_t>(m * d));
-    be.gather_rows(x, d, &dispatch.token[static_cast<size_t>(first)], m, xs.data());
-    be.expert_ffn(w.experts[static_cast<size_t>(e)], xs.data(), m, &dispatch.weight[static_cast<size_t>(first)], limit,
+                  rows = dispatch.offsets[static_cast<size_t>(e + 1)] - first;
+    xs.resize(static_cast<size_t>(rows * d));
+    be.gather_rows(x, d, &dispatch.token[static_cast<size_t>(first)], rows, xs.data());
+    be.expert_ffn(m, xs.data(), rows, &dispatch.weight[static_cast<size_t>(first)], limit,
                   &routed[static_cast<size_t>(first * d)]);
-  }
+  };
   std::vector<float> shared(static_cast<size_t>(s * d));
-  be.expert_ffn(w.shared, x, s, nullptr, limit, shared.data());
+  if (cache == nullptr) {
+    for (int64_t e = 0; e < rp.experts; ++e) {
+      if (dispatch.offsets[static_cast<size_t>(e + 1)] > dispatch.offsets[static_cast<size_t>(e)]) {
+        run_expert(e, w.experts[static_cast<size_t>(e)]);
+      }
+    }
+    be.expert_ffn(w.shared, x, s, nullptr, limit, shared.data());
+  } else {
+    // Streamed experts: in groups the cache holds two of, the next group read while this one (and,
+    // first, the shared expert) computes. Each expert writes its own rows, so the order of the groups
+    // changes no bit of the combine below.
+    std::vector<int32_t> used;
+    for (int64_t e = 0; e < rp.experts; ++e) {
+      if (dispatch.offsets[static_cast<size_t>(e + 1)] > dispatch.offsets[static_cast<size_t>(e)]) used.push_back(static_cast<int32_t>(e));
+    }
+    const size_t group = static_cast<size_t>(std::max<int64_t>(1, cache->group_size(layer)));
+    const auto ids_of = [&](size_t g) {
+      return std::vector<int32_t>(used.begin() + static_cast<std::ptrdiff_t>(g),
+                                  used.begin() + static_cast<std::ptrdiff_t>(std::min(used.size(), g + group)));
+    };
+    ExpertCache::Pending next = cache->request(layer, ids_of(0));
+    be.expert_ffn(w.shared, x, s, nullptr, limit, shared.data());
+    for (size_t g = 0; g < used.size(); g += group) {
+      const ExpertCache::Lease lease = cache->wait(std::move(next));
+      if (g + group < used.size()) next = cache->request(layer, ids_of(g + group));
+      for (size_t i = g; i < std::min(used.size(), g + group); ++i) run_expert(used[i], lease[i - g]);
+    }
+  }
   // combine: routed outputs in ascending expert order, then the shared expert
   be.moe_combine(dispatch, routed.data(), shared.data(), s, d, out);
 }

@@ -8,6 +8,7 @@
 
 #include "io/config.h"
 #include "kernels/backend.h"
+#include "model/expert_cache.h"
 #include "model/weights.h"
 
 namespace dsv41 {
@@ -16,8 +17,9 @@ namespace dsv41 {
 RouterParams router_params(const ModelConfig& config, int layer);
 
 // x: [count, dim] (ffn_norm output, bf16 values); out: [count, dim] bf16 values. span: [count], 1 at
-// an image-span token (its experts are selected with bias_vl), or null for none.
+// an image-span token (its experts are selected with bias_vl), or null for none. `cache`: where the
+// routed experts come from when the memory plan streams them (null: the weights' own).
 void moe_forward(const Backend& be, const ModelConfig& config, int layer, const MoeWeights& w, const float* x,
-                 int64_t count, const uint8_t* span, float* out);
+                 int64_t count, const uint8_t* span, float* out, const ExpertCache* cache = nullptr);
 
 }  // namespace dsv41

@@ -223,8 +223,22 @@ void Engine::cancel(uint64_t id) {
 }
 
 EngineMetrics Engine::metrics() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->stats;
+  EngineMetrics m;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    m = impl_->stats;
+  }
+  if (const ExpertCache* cache = impl_->model->expert_cache()) {
+    const ExpertCacheStats st = cache->stats();
+    m.expert_cache_capacity_bytes = st.capacity_bytes;
+    m.expert_cache_resident_bytes = st.resident_bytes;
+    m.expert_cache_hits = st.hits;
+    m.expert_cache_misses = st.misses;
+    m.expert_cache_evictions = st.evictions;
+    m.expert_cache_bytes_read = st.bytes_read;
+    m.expert_cache_read_seconds = st.read_seconds;
+  }
+  return m;
 }
 
 namespace {

@@ -127,6 +127,11 @@ struct EngineMetrics {
   // verified, drafts accepted, accepted drafts by position in the draft, acceptance-guard pauses.
   uint64_t spec_verify_steps = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0, spec_guard_pauses = 0;
   std::vector<uint64_t> spec_accepted_per_position;
+  // The routed experts' cache when the memory plan streams them (all 0 otherwise): its size, what it
+  // holds, hits and misses, evictions, bytes read from the checkpoint and the wall time of those reads.
+  uint64_t expert_cache_capacity_bytes = 0, expert_cache_resident_bytes = 0;
+  uint64_t expert_cache_hits = 0, expert_cache_misses = 0, expert_cache_evictions = 0, expert_cache_bytes_read = 0;
+  double expert_cache_read_seconds = 0;
 };
 
 class Engine {

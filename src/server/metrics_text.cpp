@@ -24,6 +24,12 @@ void metric(std::string& out, const char* name, const char* type, const char* he
   out += '\n';
 }
 
+void metric(std::string& out, const char* name, const char* type, const char* help, double value) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.9g", value);
+  out += std::string("# HELP ") + name + ' ' + help + "\n# TYPE " + name + ' ' + type + '\n' + name + ' ' + text + '\n';
+}
+
 // Bounds as Prometheus clients write them: the shortest text that reads back the same ("0.001",
 // "10", "2560").
 std::string bound_text(double b) {
@@ -67,6 +73,13 @@ std::string render_metrics(const EngineMetrics& m, const HttpCounters& h) {
   metric(out, "dsv41_prompt_cache_disk_bytes", "gauge", "Bytes of the prompt-cache folder's entries.", m.prompt_cache_disk_bytes);
   metric(out, "dsv41_prompt_cache_evictions_total", "counter", "Prompt-cache files removed to stay within the disk budget.", m.prompt_cache_evictions);
   metric(out, "dsv41_prompt_cache_write_failures_total", "counter", "Prompt-cache writes that failed (the requests went on without caching).", m.prompt_cache_write_failures);
+  metric(out, "dsv41_expert_cache_capacity_bytes", "gauge", "Size of the routed experts' cache (0: the experts are resident).", m.expert_cache_capacity_bytes);
+  metric(out, "dsv41_expert_cache_resident_bytes", "gauge", "Packed experts the cache holds.", m.expert_cache_resident_bytes);
+  metric(out, "dsv41_expert_cache_hits_total", "counter", "Routed experts found in the cache.", m.expert_cache_hits);
+  metric(out, "dsv41_expert_cache_misses_total", "counter", "Routed experts read from the checkpoint.", m.expert_cache_misses);
+  metric(out, "dsv41_expert_cache_evictions_total", "counter", "Experts evicted from the cache.", m.expert_cache_evictions);
+  metric(out, "dsv41_expert_cache_read_bytes_total", "counter", "Bytes of experts read from the checkpoint.", m.expert_cache_bytes_read);
+  metric(out, "dsv41_expert_cache_read_seconds_total", "counter", "Wall time of those reads.", m.expert_cache_read_seconds);
   metric(out, "dsv41_decode_forwards_total", "counter", "Batched decode forwards (plain and speculative sequences together).", m.decode_forwards_total);
   // speculative decoding, under vLLM's names
   metric(out, "vllm:spec_decode_num_drafts_total", "counter", "Speculative verifications run.", m.spec_verify_steps);

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -25,8 +26,8 @@ bool wants_help(int argc, char** argv) {
 int run_make_tiny(int argc, char** argv) {
   if (wants_help(argc, argv)) {
     std::puts(
-        "usage: dsv41 make-tiny --out DIR [--preset tiny|small|bench|long|released-sparse] [--seed N]\n"
-        "                       [--tokenizer FILE] [--config FILE]\n\n"
+        "usage: dsv41 make-tiny --out DIR [--preset tiny|small|bench|long|stream|released-sparse] [--seed N]\n"
+        "                       [--tokenizer FILE] [--config FILE] [--experts N]\n\n"
         "Presets: tiny (hidden 128, 4K positions), small (hidden 512), bench (the released per-layer\n"
         "widths, 8 layers), long (tiny's widths with the released 128-token window, 1M positions, top-k 64\n"
         "and a 256-block pool: selection is sparse from a few thousand tokens on).\n"
@@ -35,6 +36,9 @@ int run_make_tiny(int argc, char** argv) {
         "FP8 dense weights with 32x32 UE8M0 scales, MXFP4 experts, FP8 Engram tables, mtp.* DSpark blocks.\n"
         "--tokenizer uses that tokenizer.json (e.g. from 'dsv41 tokenizer train') instead of the built-in\n"
         "one: the vocabulary, DSpark's noise token and the Engram tables follow it.\n\n"
+        "stream: the released config's 40 layers at their released widths and roles, with --experts routed\n"
+        "experts a layer (default 32; 8 in the DSpark blocks), a 32K vocabulary and Engram tables over a\n"
+        "100K n-gram vocabulary: about 34 GB of random weights, for runs whose experts do not fit in RAM.\n\n"
         "released-sparse: the released checkpoint's layout at full size without its data: the released\n"
         "config.json (built in, from configs/deepseek-v4.1-flash; --config another), every one of its\n"
         "96,085 tensors with its name, dtype and shape in 48 shards with the index, the data left as holes\n"
@@ -43,7 +47,8 @@ int run_make_tiny(int argc, char** argv) {
         "vocabulary is the config's (the released tokenizer is not part of this project).");
     return 0;
   }
-  Args args("make-tiny", argc, argv, {"--out", "--preset", "--seed", "--tokenizer", "--config"}, {}, {{"-o", "--out"}});
+  Args args("make-tiny", argc, argv, {"--out", "--preset", "--seed", "--tokenizer", "--config", "--experts"}, {},
+            {{"-o", "--out"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument (the folder goes after --out)");
   const std::string out = args.required("--out");
   const std::string preset = args.get("--preset", "tiny");
@@ -62,7 +67,26 @@ int run_make_tiny(int argc, char** argv) {
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return 0;
   }
-  if (args.has("--config")) fail("--config", "is for --preset released-sparse only");
+  if (args.has("--config") && preset != "stream") fail("--config", "is for --preset released-sparse or stream only");
+  if (args.has("--experts") && preset != "stream") fail("--experts", "is for --preset stream only");
+  if (preset == "stream") {
+    // The released geometry with fewer experts and smaller Engram tables and vocabulary.
+    ModelConfig c = parse_config(args.has("--config") ? read_json_file(args.get("--config"))
+                                                      : nlohmann::json::parse(kReleasedConfigJson),
+                                 "released config");
+    c.n_routed_experts = static_cast<int>(args.get_int("--experts", 32, c.n_activated_experts, 4096));
+    c.dspark_n_routed_experts = std::max(8, c.dspark_n_activated_experts);
+    c.engram_vocab_size = 100000;
+    const nlohmann::json tokenizer = args.has("--tokenizer") ? read_json_file(args.get("--tokenizer")) : build_tiny_tokenizer(32768);
+    const ModelConfig config = complete_synthetic_config(c, tokenizer);
+    const ParamCounts params = count_params(config);
+    std::fprintf(stderr, "writing preset 'stream' (%d experts a layer): %.1f GB of tensors to %s\n", c.n_routed_experts,
+                 static_cast<double>(params.checkpoint_bytes) / 1e9, out.c_str());
+    auto t0 = std::chrono::steady_clock::now();
+    write_synthetic_checkpoint(out, config, args.get_u64("--seed", 0), tokenizer, uint64_t{2} << 30);
+    std::fprintf(stderr, "done in %.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return 0;
+  }
   const uint64_t seed = args.get_u64("--seed", 0);
   nlohmann::json tokenizer;
   if (args.has("--tokenizer")) {

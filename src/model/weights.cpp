@@ -231,7 +231,7 @@ void ModelWeights::pack_matrices(const Backend& backend, WeightPlacement placeme
       release_mapped(reinterpret_cast<const uint8_t*>(t.values), t.n * t.k * 2);
     } else if (group_rows % backend.weight_tile_rows() == 0) {
       anon_bytes_ -= t.owned.size() * sizeof(uint16_t);
-      t.owned = {};
+      std::vector<uint16_t>().swap(t.owned);  // gives the memory back (assigning {} keeps the capacity)
       t.values = nullptr;
     }
   };

@@ -20,17 +20,6 @@ namespace {
 
 constexpr uint64_t kDirectAlign = 4096;  // O_DIRECT's offset, length and buffer alignment
 
-struct FreeAligned {
-  void operator()(uint8_t* p) const { std::free(p); }
-};
-using AlignedBytes = std::unique_ptr<uint8_t[], FreeAligned>;
-
-AlignedBytes aligned_bytes(uint64_t n) {
-  void* p = std::aligned_alloc(kDirectAlign, (n + kDirectAlign - 1) / kDirectAlign * kDirectAlign);
-  if (p == nullptr) throw std::bad_alloc();
-  return AlignedBytes(static_cast<uint8_t*>(p));
-}
-
 }  // namespace
 
 // The reads of one request: how many are left, the first error, and when they started.
@@ -46,11 +35,8 @@ struct ExpertCache::Entry {
   ExpertMatrices<Fp4Matrix> m;       // packed views (no row-major bytes: the kernels read the tiles)
   std::unique_ptr<PackedWeights> packed[3];
   uint64_t bytes = 0;
-  // While being read: each tensor's bytes (inside an aligned buffer) and the reads' outcome.
-  AlignedBytes raw[6];
-  const uint8_t* data[6] = {};
-  std::atomic<int> direct{0}, buffered{0};
-  bool ready = false;
+  std::atomic<int> direct{0}, buffered{0};  // how its tensors were read
+  bool ready = false;                       // packed and counted (set by wait)
 };
 
 const ExpertMatrices<Fp4Matrix>& ExpertCache::Lease::operator[](size_t i) const { return entries_[i]->m; }
@@ -117,8 +103,11 @@ ExpertCache::~ExpertCache() {
 }
 
 void ExpertCache::io_loop() {
+  ThreadPool pool(1);  // packing runs on this thread alone
+  std::vector<Scratch> scratch(1);
+  const Exec exec(pool, scratch);
   for (;;) {
-    std::function<void()> job;
+    std::function<void(const Exec&)> job;
     {
       std::unique_lock<std::mutex> lock(io_mu_);
       io_cv_.wait(lock, [&] { return stopping_ || !io_jobs_.empty(); });
@@ -126,13 +115,15 @@ void ExpertCache::io_loop() {
       job = std::move(io_jobs_.front());
       io_jobs_.pop_front();
     }
-    job();
+    job(exec);
   }
 }
 
-// Reads `r` into `out` (r.bytes long). O_DIRECT reads the enclosing aligned range into a buffer of
-// its own first; a filesystem that refuses it (EINVAL) gets the buffered read.
-void ExpertCache::read_range(const Source::Range& r, uint8_t* out, bool& direct) const {
+// Reads `r`; returns its first byte, inside `keep`. O_DIRECT reads the enclosing aligned range (the
+// tensor then starts inside the buffer, nothing copied); a filesystem that refuses it (EINVAL) or a
+// short final block gets the buffered read.
+const uint8_t* ExpertCache::read_range(const Source::Range& r, std::unique_ptr<uint8_t[], void (*)(uint8_t*)>& keep,
+                                       bool& direct) const {
   const auto read_all = [&](int fd, uint8_t* dst, uint64_t offset, uint64_t bytes) {
     while (bytes > 0) {
       const ssize_t n = ::pread(fd, dst, bytes, static_cast<off_t>(offset));
@@ -145,24 +136,30 @@ void ExpertCache::read_range(const Source::Range& r, uint8_t* out, bool& direct)
     }
     return 0;
   };
+  const auto buffer = [&](uint64_t n) {
+    void* p = std::aligned_alloc(kDirectAlign, (n + kDirectAlign - 1) / kDirectAlign * kDirectAlign);
+    if (p == nullptr) throw std::bad_alloc();
+    keep = {static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); }};
+    return keep.get();
+  };
   direct = false;
   const int dfd = direct_fds_[static_cast<size_t>(r.file)];
   if (dfd >= 0) {
     const uint64_t first = r.offset / kDirectAlign * kDirectAlign;
     const uint64_t last = (r.offset + r.bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
-    AlignedBytes buf = aligned_bytes(last - first);
-    if (read_all(dfd, buf.get(), first, last - first) == 0) {
-      std::memcpy(out, buf.get() + (r.offset - first), r.bytes);
+    uint8_t* buf = buffer(last - first);
+    if (read_all(dfd, buf, first, last - first) == 0) {
       direct = true;
-      return;
+      return buf + (r.offset - first);
     }
-    // EINVAL (no O_DIRECT here) or a short final block: the buffered descriptor reads exactly
   }
-  const int err = read_all(fds_[static_cast<size_t>(r.file)], out, r.offset, r.bytes);
+  uint8_t* buf = buffer(r.bytes);
+  const int err = read_all(fds_[static_cast<size_t>(r.file)], buf, r.offset, r.bytes);
   if (err != 0) {
     fail(files_[static_cast<size_t>(r.file)], "cannot read an expert's " + std::to_string(r.bytes) + " bytes at " +
                                                   std::to_string(r.offset) + ": " + std::generic_category().message(err));
   }
+  return buf;
 }
 
 ExpertCache::Pending ExpertCache::request(int layer, const std::vector<int32_t>& ids) const {
@@ -195,24 +192,30 @@ ExpertCache::Pending ExpertCache::request(int layer, const std::vector<int32_t>&
       misses.emplace_back(entry, &sources_[static_cast<size_t>(layer)][static_cast<size_t>(e)]);
     }
   }
-  p.reads->left = static_cast<int>(misses.size()) * 6;
+  p.reads->left = static_cast<int>(misses.size()) * 3;
   if (misses.empty()) return p;
   {
     std::lock_guard<std::mutex> lock(io_mu_);
     for (auto& [entry, source] : misses) {
-      for (int j = 0; j < 6; ++j) {
-        const Source::Range& r = j < 3 ? source->w[j] : source->s[j - 3];
-        entry->raw[j] = aligned_bytes(r.bytes);
-        entry->data[j] = entry->raw[j].get();
-        io_jobs_.push_back([this, entry, r, j, batch = p.reads] {
+      for (int j = 0; j < 3; ++j) {
+        // One matrix: its weight and scale read, then packed on this I/O thread (its own Exec), so
+        // the forward thread only waits.
+        io_jobs_.push_back([this, entry, source, j, batch = p.reads](const Exec& exec) {
           std::string error;
-          bool direct = false;
           try {
-            read_range(r, entry->raw[j].get(), direct);
+            std::unique_ptr<uint8_t[], void (*)(uint8_t*)> keep_w(nullptr, nullptr), keep_s(nullptr, nullptr);
+            bool direct_w = false, direct_s = false;
+            const uint8_t* w = read_range(source->w[j], keep_w, direct_w);
+            const uint8_t* sc = read_range(source->s[j], keep_s, direct_s);
+            (direct_w ? entry->direct : entry->buffered) += 1;
+            (direct_s ? entry->direct : entry->buffered) += 1;
+            const Fp4Matrix raw{w, sc, source->n[j], source->k[j]};
+            entry->packed[j] = pack_fp4(exec, backend_->allocator(), raw, backend_->weight_tile_rows());
+            Fp4Matrix& m = j == 0 ? entry->m.w1 : j == 1 ? entry->m.w2 : entry->m.w3;
+            m = {nullptr, nullptr, source->n[j], source->k[j], entry->packed[j]->view()};
           } catch (const std::exception& ex) {
             error = ex.what();
           }
-          (direct ? entry->direct : entry->buffered) += 1;
           std::lock_guard<std::mutex> done(batch->mu);
           if (!error.empty() && batch->error.empty()) batch->error = error;
           if (--batch->left == 0) {
@@ -240,18 +243,9 @@ ExpertCache::Lease ExpertCache::wait(Pending p) const {
     Entry& entry = *p.entries[i];
     if (entry.ready) continue;  // a hit
     const Source& s = sources_[static_cast<size_t>(p.layer)][static_cast<size_t>(p.ids[i])];
-    // Packed on this thread (the backend's workers), the checkpoint's bytes dropped once packed.
     for (int j = 0; j < 3; ++j) {
       read += s.w[j].bytes + s.s[j].bytes;
-      const Fp4Matrix raw{entry.data[j], entry.data[j + 3], s.n[j], s.k[j]};
-      entry.packed[j] = backend_->pack(raw);
-      Fp4Matrix& m = j == 0 ? entry.m.w1 : j == 1 ? entry.m.w2 : entry.m.w3;
-      m = {nullptr, nullptr, s.n[j], s.k[j], entry.packed[j]->view()};
       entry.bytes += entry.packed[j]->bytes();
-    }
-    for (int j = 0; j < 6; ++j) {
-      entry.raw[j].reset();
-      entry.data[j] = nullptr;
     }
     direct += entry.direct;
     buffered += entry.buffered;

@@ -1,7 +1,7 @@
 // Routed experts from disk, for checkpoints whose experts do not fit in RAM (the memory plan's
 // "streamed" placement): a cache of packed experts of bounded size. A miss is read from the
 // checkpoint's files by parallel pread (O_DIRECT where the filesystem allows it, buffered otherwise)
-// on the cache's own I/O threads, then packed for the backend's kernels; nothing of the experts goes
+// and packed for the backend's kernels, both on the cache's own I/O threads; nothing of the experts goes
 // through the mapping, so the resident set stays within the plan. Eviction follows measured routing
 // frequency (counts halved every few thousand routings, so the hot set can move): the least used
 // unpinned expert goes first, and the experts a layer is computing are pinned until it is done.
@@ -84,7 +84,8 @@ class ExpertCache {
   };
   std::vector<uint64_t> packed_expert_bytes_;  // per layer
   void io_loop();
-  void read_range(const Source::Range& r, uint8_t* out, bool& direct) const;
+  const uint8_t* read_range(const Source::Range& r, std::unique_ptr<uint8_t[], void (*)(uint8_t*)>& keep,
+                            bool& direct) const;
   void make_room(uint64_t bytes) const;  // evicts under mu_
 
   const ModelWeights& weights_;
@@ -102,7 +103,7 @@ class ExpertCache {
 
   mutable std::mutex io_mu_;
   mutable std::condition_variable io_cv_;
-  mutable std::deque<std::function<void()>> io_jobs_;
+  mutable std::deque<std::function<void(const Exec&)>> io_jobs_;
   bool stopping_ = false;
   std::vector<std::thread> io_threads_;
 };

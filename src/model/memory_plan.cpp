@@ -160,32 +160,43 @@ MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& req) {
     rows[kWoA].anon_bytes += woa_packed;
   }
   uint64_t used = plan.runtime_bytes + rows[kVectors].anon_bytes + rows[kVectors].cached_bytes + rows[kWoA].anon_bytes;
-  if (used > budget) {
-    plan.refusal = "even the minimal plan needs " + format_bytes(static_cast<double>(used)) + " (runtime " +
+  const uint64_t dense_mapped = rows[kDenseFp8].checkpoint_bytes + rows[kBf16Linears].checkpoint_bytes;
+  const uint64_t dense_as_packed = dense_packed + bf16_packed + rows[kDenseFp8].cached_bytes;
+  // Experts that will stream need their cache's least, two experts (it computes a layer's experts in
+  // groups of which two fit), whatever else is short.
+  const bool experts_stream = packs && used + dense_as_packed + experts_packed > budget;
+  const uint64_t cache_least = experts_stream ? 2 * largest_expert_packed : 0;
+  if (used + cache_least > budget) {
+    plan.refusal = "even the minimal plan needs " + format_bytes(static_cast<double>(used + cache_least)) + " (runtime " +
                    format_bytes(static_cast<double>(plan.runtime_bytes)) + ": KV " +
                    format_bytes(static_cast<double>(req.kv_bytes)) + ", activations " +
                    format_bytes(static_cast<double>(activations)) + "; converted tensors " +
                    format_bytes(static_cast<double>(rows[kVectors].anon_bytes + rows[kWoA].anon_bytes)) +
+                   (experts_stream ? "; two experts for the expert cache " + format_bytes(static_cast<double>(cache_least)) : "") +
                    ") and the budget is " + format_bytes(static_cast<double>(budget));
   }
 
-  // 2. The dense matrices, read by every token.
-  const uint64_t dense_weights = rows[kDenseFp8].checkpoint_bytes - rows[kDenseFp8].cached_bytes;
-  const uint64_t dense_mapped = rows[kDenseFp8].checkpoint_bytes + rows[kBf16Linears].checkpoint_bytes;
-  const uint64_t dense_as_packed = dense_packed + bf16_packed + rows[kDenseFp8].cached_bytes;
-  plan.pack_dense = packs && used + dense_as_packed <= budget;
+  // 2. The dense matrices, read by every token: packed, or through the mapping with what page cache
+  // is left (the rest read from disk every token).
+  uint64_t dense_from_disk = 0;
+  plan.pack_dense = packs && used + dense_as_packed + cache_least <= budget;
   if (plan.pack_dense) {
     rows[kDenseFp8].residence = rows[kBf16Linears].residence = Residence::Packed;
     rows[kDenseFp8].anon_bytes = dense_packed;
     rows[kBf16Linears].anon_bytes = bf16_packed;
     used += dense_as_packed;
   } else {
-    rows[kDenseFp8].cached_bytes += dense_weights;
-    rows[kBf16Linears].cached_bytes = rows[kBf16Linears].checkpoint_bytes;
-    used += dense_mapped;
-    if (used > budget && plan.fits()) {
-      plan.warnings.push_back("the dense matrices (" + format_bytes(static_cast<double>(dense_mapped)) +
-                              ") do not fit beside the runtime: every token reads part of them from disk");
+    const uint64_t room = budget > used + cache_least ? budget - used - cache_least : 0;
+    const uint64_t cached = std::min(dense_mapped, room);
+    dense_from_disk = dense_mapped - cached;
+    const uint64_t fp8_cached = std::min(rows[kDenseFp8].checkpoint_bytes, cached);
+    rows[kDenseFp8].cached_bytes = fp8_cached;
+    rows[kBf16Linears].cached_bytes = cached - fp8_cached;
+    used += cached;
+    if (dense_from_disk > 0 && plan.fits()) {
+      plan.warnings.push_back("the dense matrices (" + format_bytes(static_cast<double>(dense_mapped)) + ") get " +
+                              format_bytes(static_cast<double>(cached)) + " of page cache: every token reads " +
+                              format_bytes(static_cast<double>(dense_from_disk)) + " of them from disk");
     }
   }
   // Embedding rows come in as tokens use them: a page per row per token at most; not planned as resident.
@@ -206,7 +217,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& req) {
 
   // 4. The prompt cache's RAM: what was asked when the experts are resident; beside streamed experts at
   // most a quarter of what they would otherwise have, so the experts keep the larger share.
-  const uint64_t free_now = budget > used ? budget - used : 0;
+  const uint64_t free_now = budget > used + cache_least ? budget - used - cache_least : 0;
   const bool experts_resident = rows[kExperts].residence != Residence::Streamed;
   plan.prompt_cache_bytes = std::min(req.prompt_cache_bytes, experts_resident ? free_now : free_now / 4);
   used += plan.prompt_cache_bytes;
@@ -274,9 +285,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& req) {
     plan.hit_rate = req.hit_rate >= 0 ? std::min(req.hit_rate, 1.0) : cached;
   }
   double disk = expert_token_bytes * (1 - plan.hit_rate);
-  const uint64_t resident_total = plan.runtime_bytes + rows[kVectors].anon_bytes + rows[kVectors].cached_bytes +
-                                  rows[kWoA].anon_bytes + (plan.pack_dense ? dense_as_packed : dense_mapped);
-  if (resident_total > budget) disk += static_cast<double>(std::min<uint64_t>(resident_total - budget, dense_mapped));
+  disk += static_cast<double>(dense_from_disk);
   if (engram_cold) {
     disk += static_cast<double>(c.engram_layer_ids.size()) * c.engram_hash_columns() * static_cast<double>(kPage);
   }

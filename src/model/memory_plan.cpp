@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -23,7 +22,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
 
 uint64_t spec_bytes(const TensorSpec& s) {
-  uint64_t n = s.dtype == DType::BF16 ? 2 : s.dtype == DType::F32 ? 4 : 1;
+  uint64_t n = dtype_size(s.dtype);
   for (int64_t d : s.shape) n *= static_cast<uint64_t>(d);
   return n;
 }
@@ -81,7 +80,6 @@ MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& req) {
 
   const int T = req.tile_rows;
   uint64_t dense_packed = 0, bf16_packed = 0, experts_packed = 0, largest = 0, woa_packed = 0;
-  std::map<std::string, uint64_t> expert_bytes;  // per "layer.expert" prefix: weights and scales
   std::vector<uint64_t> layer_expert_bytes(static_cast<size_t>(c.total_layers()), 0);
   std::vector<uint64_t> layer_expert_packed(static_cast<size_t>(c.total_layers()), 0);
   for (const TensorSpec& s : checkpoint_tensors(c)) {
@@ -156,7 +154,10 @@ MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& req) {
   const bool packs = T > 0;
   if (packs) {
     // Packed, the converted copy is freed when the groups start on tile boundaries (weights.cpp).
-    if (c.o_lora_rank % T == 0) rows[kWoA].anon_bytes = 0;
+    if (c.o_lora_rank % T == 0) {
+      rows[kWoA].anon_bytes = 0;
+      rows[kWoA].residence = Residence::Packed;
+    }
     rows[kWoA].anon_bytes += woa_packed;
   }
   uint64_t used = plan.runtime_bytes + rows[kVectors].anon_bytes + rows[kVectors].cached_bytes + rows[kWoA].anon_bytes;

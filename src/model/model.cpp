@@ -382,7 +382,9 @@ std::unique_ptr<Model> load_model(const std::string& dir, const ModelOptions& op
   check_engram_token_map(config, map);
   auto weights = std::make_shared<const ModelWeights>(dir, config, backend, options.engram,
                                                       WeightPlacement{plan.pack_dense, plan.pack_experts});
-  const uint64_t cache = plan.pack_experts ? 0 : plan.expert_cache_bytes;
+  // Streamed experts go through the expert cache; a backend that packs nothing reads them through the
+  // mapping instead (the plan's page-cache placement).
+  const uint64_t cache = plan.pack_experts || backend->weight_tile_rows() == 0 ? 0 : plan.expert_cache_bytes;
   if (plan_out != nullptr) *plan_out = std::move(plan);
   return std::make_unique<Model>(std::move(backend), std::move(weights), std::move(map), cache);
 }

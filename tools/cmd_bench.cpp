@@ -532,7 +532,7 @@ int run_bench(int argc, char** argv) {
         "  --long-decode A,B,..   long-context decode contexts (default 1024,8192,32768)\n"
         "  --long-cached N        long-context prefix hit: tokens of history cached (default 32768)\n"
         "  --long-new N           long-context prefix hit: new tokens after them (default 256)\n"
-        "  --ram SIZE             memory budget the model's load follows (default: the RAM, or the memory\n"
+        "  --ram SIZE             memory budget the model's load follows (default: the available RAM, or the memory\n"
         "                         cgroup's limit); the plan and the load time are in the report");
     return 0;
   }

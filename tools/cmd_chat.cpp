@@ -37,7 +37,7 @@ constexpr const char* kHelp = R"(usage: dsv41 chat -m DIR [options]
       --temperature T    sampling temperature (default 0: greedy)
       --system TEXT      a system prompt for the conversation
       --ignore-eos       keep writing past the end-of-sequence token (for measuring)
-      --ram SIZE         memory budget the model's load follows, e.g. 16G (default: the RAM, or the
+      --ram SIZE         memory budget the model's load follows, e.g. 16G (default: the available RAM, or the
                          memory cgroup's limit when lower; `dsv41 plan` shows the plan)
 
 At the prompt: a line is your message; /reset starts a new conversation; /think on|off turns

@@ -49,7 +49,7 @@ constexpr const char* kHelp = R"(usage: dsv41 generate -m DIR (-p TEXT | -f FILE
                              (e.g. a previous greedy output), to measure verification at full acceptance
       --engram T             where the Engram tables are read from: mmap (default), ram (loaded into
                              memory) or pread (rows read from the file by I/O threads, fetched ahead)
-      --ram SIZE             memory budget the model's load follows, e.g. 16G (default: the RAM, or
+      --ram SIZE             memory budget the model's load follows, e.g. 16G (default: the available RAM, or
                              the memory cgroup's limit when lower; `dsv41 plan` shows the plan)
       --prompt-cache DIR     keep prompt prefixes' state in DIR and reuse it in later runs
       --cache-mode M         exact (windows kept: bit-identical restore, default) or replay (only

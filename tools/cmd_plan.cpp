@@ -25,7 +25,7 @@ is read, so it answers for checkpoints that are not on this machine. The engine 
 when it loads (--ram on generate, serve, bench, ppl and chat).
 
   -m, --model PATH       a model folder or its config.json
-      --ram SIZE         the budget, e.g. 64G or 512M (default: the RAM, or the memory cgroup's limit
+      --ram SIZE         the budget, e.g. 64G or 512M (default: the available RAM, or the memory cgroup's limit
                          when lower)
       --parallel N       sequences running at once, as serve (default 4)
       --kv-budget-mb N   KV pages for running sequences, as serve (default 1024)

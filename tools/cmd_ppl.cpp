@@ -45,7 +45,7 @@ constexpr const char* kHelp = R"(usage: dsv41 ppl -m DIR -f FILE [options]
                          restored this way (default: none, every window prefilled whole)
       --parallel N       chunks run at once (default 4)
       --json             print one JSON object instead of the running figures
-      --ram SIZE         memory budget the model's load follows, e.g. 16G (default: the RAM, or the
+      --ram SIZE         memory budget the model's load follows, e.g. 16G (default: the available RAM, or the
                          memory cgroup's limit when lower; `dsv41 plan` shows the plan)
 )";
 

@@ -35,7 +35,7 @@ constexpr const char* kHelp = R"(usage: dsv41 serve -m DIR [options]
                              the folder's size cap; least recently used entries go past it (default 8192)
       --cache-mode M         exact (default) or replay, as in generate
       --cache-ram-mb N       RAM the prefix cache may keep (default 256)
-      --ram SIZE             memory budget the model's load follows, e.g. 16G (default: the RAM, or
+      --ram SIZE             memory budget the model's load follows, e.g. 16G (default: the available RAM, or
                              the memory cgroup's limit when lower; `dsv41 plan` shows the plan)
       --prefill-chunk N      prompt tokens one sequence prefills per step (default 256)
       --engram T             mmap (default), ram or pread

@@ -277,9 +277,12 @@ void tile_reference(const float* x, int64_t m, const typename Kind::Matrix& w, f
     std::vector<uint8_t> row(packed ? static_cast<size_t>(row_bytes + kb) : 0);
     for (int r = 0; r < count; ++r) {
       const int64_t n = row0 + r;
-      const uint8_t* wr = w.w + n * row_bytes;
-      const uint8_t* sr = w.scale + n * kb;
-      if (packed) {
+      const uint8_t* wr = nullptr;
+      const uint8_t* sr = nullptr;
+      if (!packed) {
+        wr = w.w + n * row_bytes;
+        sr = w.scale + n * kb;
+      } else {
         const uint8_t* tile = w.packed.tiles + (row0 / kTileRows) * w.packed.tile_bytes;
         const uint8_t* scales = w.packed.scales + (row0 / kTileRows) * w.packed.scale_tile_bytes;
         for (int64_t c = 0; c < row_bytes; ++c) row[static_cast<size_t>(c)] = tile[c * kTileRows + r];

@@ -44,8 +44,11 @@ void smallest_limit(const std::string& root, std::string rel, const std::string&
 }  // namespace
 
 uint64_t HostMemory::budget_bytes() const {
-  if (cgroup_limit_bytes != 0 && (total_bytes == 0 || cgroup_limit_bytes < total_bytes)) return cgroup_limit_bytes;
-  return total_bytes;
+  // What is available now, not the whole RAM: the kernel, other processes and the page cache the
+  // plan does not count keep theirs. A cgroup's limit binds when it is lower.
+  const uint64_t host = available_bytes != 0 ? available_bytes : total_bytes;
+  if (cgroup_limit_bytes != 0 && (host == 0 || cgroup_limit_bytes < host)) return cgroup_limit_bytes;
+  return host;
 }
 
 HostMemory read_host_memory() {

@@ -14,7 +14,8 @@ struct HostMemory {
   uint64_t cgroup_limit_bytes = 0;  // 0: no memory cgroup limit
   std::string cgroup;             // the limiting cgroup's folder, when there is one
 
-  // What a model may plan for: the cgroup's limit where it is below the RAM, else the RAM.
+  // What a model may plan for: the memory available now (MemAvailable: RAM the kernel can hand out
+  // without swapping), or the cgroup's limit where that is lower.
   uint64_t budget_bytes() const;
 };
 

@@ -79,6 +79,23 @@ TEST(ExpertCache, ReadsTheLoadersPackedExpertsAndHoldsItsCapacity) {
   EXPECT_TRUE(same_packed(a[1].w2, weights->layers[0].ffn.experts[3].w2));
 }
 
+// Every token asks for the same experts in the same order, more of them than fit: the cache keeps a
+// stable part (an LRU would evict each one just before it is asked for again, and never hit).
+TEST(ExpertCache, AWorkingSetLargerThanTheCacheKeepsAPartResident) {
+  auto be = packing_backend();
+  if (be->weight_tile_rows() == 0) GTEST_SKIP() << "this backend packs nothing";
+  const auto weights = packed_weights(test::tiny_model_dir(), be);
+  const ExpertMatrices<Fp4Matrix>& e0 = weights->layers[0].ffn.experts[0];
+  const uint64_t one = static_cast<uint64_t>(3 * packed_fp4_bytes(e0.w1.n, e0.w1.k, be->weight_tile_rows()));
+  ExpertCache cache(*weights, be, 4 * one, 2);
+  for (int token = 0; token < 10; ++token) {
+    for (int e = 0; e < 8; ++e) cache.wait(cache.request(0, {e}));
+  }
+  const ExpertCacheStats st = cache.stats();
+  // after the first pass, about 3 of the 8 hit each pass (one slot turns over)
+  EXPECT_GE(st.hits, 9u * 2) << "hits " << st.hits << ", misses " << st.misses;
+}
+
 TEST(ExpertCache, AFailedReadIsAnErrorNamingTheFile) {
   auto be = packing_backend();
   if (be->weight_tile_rows() == 0) GTEST_SKIP() << "this backend packs nothing";

@@ -37,6 +37,7 @@ struct ExpertCache::Entry {
   uint64_t bytes = 0;
   std::atomic<int> direct{0}, buffered{0};  // how its tensors were read
   bool ready = false;                       // packed and counted (set by wait)
+  uint64_t last_use = 0;                    // the routing count when last asked for (under mu_)
 };
 
 const ExpertMatrices<Fp4Matrix>& ExpertCache::Lease::operator[](size_t i) const { return entries_[i]->m; }
@@ -183,6 +184,7 @@ ExpertCache::Pending ExpertCache::request(int layer, const std::vector<int32_t>&
       const auto it = resident_.find({layer, e});
       if (it != resident_.end()) {
         ++stats_.hits;
+        it->second->last_use = routings_;
         p.entries.push_back(it->second);
         continue;
       }
@@ -269,6 +271,7 @@ ExpertCache::Lease ExpertCache::wait(Pending p) const {
       const auto [it, inserted] = resident_.emplace(std::make_pair(p.layer, p.ids[i]), entry);
       if (inserted) stats_.resident_bytes += entry->bytes;
       else entry = it->second;
+      entry->last_use = routings_;
     }
     lease.entries_.push_back(entry);
   }
@@ -278,12 +281,17 @@ ExpertCache::Lease ExpertCache::wait(Pending p) const {
 // Evicts the least used experts no layer is computing until `bytes` more fit (or nothing more can go).
 void ExpertCache::make_room(uint64_t bytes) const {
   while (stats_.resident_bytes + bytes > capacity_) {
+    // The least routed goes; among equals the most recently used, so that a working set larger than
+    // the cache (every layer's experts each token, in the same order) keeps a stable part of itself
+    // resident instead of evicting each expert just before it is needed again (the LRU cycle).
+    const auto uses = [&](const auto& it) {
+      return uses_[static_cast<size_t>(it->first.first)][static_cast<size_t>(it->first.second)];
+    };
     auto victim = resident_.end();
     for (auto it = resident_.begin(); it != resident_.end(); ++it) {
       if (it->second.use_count() > 1) continue;  // pinned by a lease or a pending request
-      if (victim == resident_.end() ||
-          uses_[static_cast<size_t>(it->first.first)][static_cast<size_t>(it->first.second)] <
-              uses_[static_cast<size_t>(victim->first.first)][static_cast<size_t>(victim->first.second)]) {
+      if (victim == resident_.end() || uses(it) < uses(victim) ||
+          (uses(it) == uses(victim) && it->second->last_use > victim->second->last_use)) {
         victim = it;
       }
     }

@@ -4,7 +4,9 @@
 // and packed for the backend's kernels, both on the cache's own I/O threads; nothing of the experts goes
 // through the mapping, so the resident set stays within the plan. Eviction follows measured routing
 // frequency (counts halved every few thousand routings, so the hot set can move): the least used
-// unpinned expert goes first, and the experts a layer is computing are pinned until it is done.
+// unpinned expert goes first, the most recently used among equals (a working set larger than the
+// cache then keeps a stable part resident), and the experts a layer is computing are pinned until it
+// is done.
 //
 // A layer asks for its experts as soon as its router has chosen them (request), computes its shared
 // expert while the reads run, then waits for them (wait). The results are the same bits as with the

@@ -15,6 +15,17 @@ namespace dsv41 {
 
 namespace {
 
+// Drops this process's pages of a mapped range that only the packed copy is read from now (they
+// come back from the file if a scalar path touches them): without it the weights would count twice
+// in the resident set.
+void release_mapped(const uint8_t* p, int64_t bytes) {
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)) / page * page;
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+
 class Binder {
  public:
   // `anon` counts the bytes of every copy or conversion made (ModelWeights::anon_bytes).
@@ -92,6 +103,7 @@ class Binder {
         }
       }
     }
+    release_mapped(m.w, m.n * m.k);  // the FP8 codes are never read again
     return out;
   }
 
@@ -186,20 +198,6 @@ ModelWeights::ModelWeights(const std::string& dir, const ModelConfig& config, st
   }
   pack_matrices(*backend_, placement);
 }
-
-namespace {
-
-// Drops this process's pages of a mapped range that only the packed copy is read from now (they
-// come back from the file if a scalar path touches them): without it the weights would count twice
-// in the resident set.
-void release_mapped(const uint8_t* p, int64_t bytes) {
-  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)) / page * page;
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
-}
-
-}  // namespace
 
 // Packs matrix by matrix, dropping each one's mapped pages as soon as its packed copy exists, so the
 // load never holds a second copy of more than one matrix.

@@ -103,8 +103,8 @@ TEST(EngineSpeculative, SpeculatingAndPlainSequencesShareForwardsWithGreedyEqual
 // Drafts that are always wrong: every verification yields one token and costs more than a plain step,
 // so the acceptance guard, after its first window and a short probe of plain steps, stops drafting for
 // a pause and, failing again, for a longer one; most steps carry no drafts. The output is still plain
-// decoding's. (Schedule: 4 verifications, 2 probe steps, the 5th verification decides, 32 plain
-// steps, 4 verifications, 64 plain steps cut short by the end: 9 verifications of 59 steps.)
+// decoding's. (Schedule: 2 verifications, 2 probe steps that end in the decision, 32 plain steps,
+// 2 verifications, 64 plain steps cut short by the end: 4 verifications of 59 steps.)
 TEST(EngineSpeculative, TheAcceptanceGuardStopsDraftsThatNeverPay) {
   const int n = 60;
   RequestParams p = greedy(30, 9, n);
@@ -123,7 +123,7 @@ TEST(EngineSpeculative, TheAcceptanceGuardStopsDraftsThatNeverPay) {
   const RequestReport& rep = spec.last.report;
   EXPECT_EQ(rep.drafts_accepted, 0);
   EXPECT_EQ(rep.guard_pauses, 2);
-  EXPECT_EQ(rep.verify_steps, 9);
+  EXPECT_EQ(rep.verify_steps, 4);
   EXPECT_EQ(rep.verify_steps + rep.plain_steps, n - 1);
   EXPECT_EQ(e.metrics().spec_guard_pauses, 2u);
 }

@@ -350,7 +350,7 @@ namespace dsv41 {
 namespace {
 
 // The guard's schedule, on made-up times (a plain step 1 s, a verification 2 s): after the first
-// window it times a few plain steps; a window yielding fewer tokens per second than plain steps
+// window it times a few plain steps, and the probe's end decides on that window; a window yielding fewer tokens per second than plain steps
 // pauses drafting, each failure in a row doubling the pause up to its cap; a window that pays resets
 // it; a disabled guard never pauses.
 TEST(AcceptanceGuard, PausesWhenSpeculatingIsSlowerThanPlainSteps) {
@@ -359,21 +359,25 @@ TEST(AcceptanceGuard, PausesWhenSpeculatingIsSlowerThanPlainSteps) {
   o.probe_steps = 2;
   o.pause_steps = 3;
   o.max_pause_steps = 8;
-  AcceptanceGuard g(o);
-  auto plain_run = [&] {
+  auto plain_run_of = [](AcceptanceGuard& guard) {
     int n = 0;
-    while (!g.drafting()) {
-      g.plain_step(1.0);
+    while (!guard.drafting()) {
+      guard.plain_step(1.0);
       ++n;
     }
     return n;
   };
+  AcceptanceGuard g(o);
+  auto plain_run = [&] { return plain_run_of(g); };
   g.verified(1, 2.0);
   EXPECT_TRUE(g.drafting());  // the window is not full yet
   g.verified(1, 2.0);
-  EXPECT_EQ(plain_run(), 2);  // the probe: no plain time known yet
+  EXPECT_FALSE(g.drafting());  // the probe: no plain time known yet
+  g.plain_step(1.0);
+  EXPECT_EQ(g.plain_steps_left(), 1);
   EXPECT_EQ(g.pauses(), 0);
-  g.verified(1, 2.0);  // the decision: 3 tokens in 6 s against 1 token/s plain
+  g.plain_step(1.0);  // the probe's end decides: 2 tokens in 4 s against 1 token/s plain
+  EXPECT_EQ(g.pauses(), 1);
   EXPECT_EQ(plain_run(), 3);
   g.verified(5, 2.0);
   g.verified(4, 2.0);  // 9 tokens in 4 s: pays
@@ -388,9 +392,8 @@ TEST(AcceptanceGuard, PausesWhenSpeculatingIsSlowerThanPlainSteps) {
   AcceptanceGuard even(o);
   even.verified(2, 2.0);
   even.verified(2, 2.0);
-  while (!even.drafting()) even.plain_step(1.0);
-  even.verified(2, 2.0);
-  EXPECT_TRUE(even.drafting());
+  EXPECT_EQ(plain_run_of(even), 2);  // the probe alone: no pause
+  EXPECT_EQ(even.pauses(), 0);
   o.enabled = false;
   AcceptanceGuard off(o);
   for (int i = 0; i < 10; ++i) off.verified(1, 100.0);

@@ -85,7 +85,7 @@ std::vector<std::vector<float>> Session::decode_batch(const std::vector<Session*
   return out;
 }
 
-void Session::plan_decode(int32_t token, bool observe) {
+void Session::plan_decode(int32_t token, Observe observe) {
   if (prefill_pending()) fail("decode", "the prompt is still being prefilled");
   if (planned_ == Planned::Verify) fail("decode", "a verification is planned and not yet run");
   planned_ = Planned::Decode;
@@ -97,9 +97,10 @@ void Session::plan_verify(std::vector<int32_t> run) {
   if (prefill_pending()) fail("speculative", "the prompt is still being prefilled");
   if (planned_ == Planned::Verify) fail("speculative", "a verification is planned and not yet run");
   if (run.empty()) fail("speculative", "nothing to verify");
+  observe_deferred();
   checkpoint_ = VerifyCheckpoint(model_.config(), state_, static_cast<int64_t>(run.size()));
   planned_ = Planned::Verify;
-  planned_observe_ = true;
+  planned_observe_ = Observe::Now;
   planned_tokens_ = std::move(run);
 }
 
@@ -111,7 +112,7 @@ void Session::run_planned(const std::vector<Session*>& sessions) {
     if (&s->model_ != &sessions[0]->model_) fail("session", "sessions of different models cannot share a forward");
     ForwardOptions opt;
     opt.index_keys = s->options_.index_keys;
-    opt.dspark_taps = s->observer_ && s->planned_observe_;
+    opt.dspark_taps = s->observer_ && s->planned_observe_ != Observe::No;
     if (s->planned_ == Planned::Verify) {
       opt.all_logits = true;
       opt.record_compressor_rows = true;
@@ -132,12 +133,49 @@ void Session::run_planned(const std::vector<Session*>& sessions) {
     s.result_ = std::move(results[i]);
     if (s.planned_ == Planned::Decode) {
       s.history_.push_back(s.planned_tokens_[0]);
-      if (s.observer_ && s.planned_observe_) s.observer_(s.state_, s.result_, s.state_.length() - 1, 1);
+      if (s.observer_) s.observe_step();
       s.planned_ = Planned::None;
     } else {
       s.planned_ = Planned::Verified;
     }
   }
+}
+
+void Session::observe_step() {
+  const int64_t position = state_.length() - 1;
+  if (planned_observe_ == Observe::Now) {
+    observe_deferred();
+    observer_(state_, result_, position, 1);
+    return;
+  }
+  if (planned_observe_ == Observe::No) return;
+  // Observe::Later: keep the step's taps row, and only a window's worth of the newest (the drafter's
+  // rings hold no more); a row that does not follow the kept ones starts them anew
+  const int64_t width = tap_width(), keep = model_.config().window_size;
+  int64_t rows = static_cast<int64_t>(deferred_taps_.size()) / width;
+  if (deferred_from_ + rows != position) {
+    deferred_taps_.clear();
+    deferred_from_ = position;
+    rows = 0;
+  }
+  deferred_taps_.insert(deferred_taps_.end(), result_.dspark_taps.begin(), result_.dspark_taps.begin() + width);
+  if (++rows > keep) {
+    deferred_taps_.erase(deferred_taps_.begin(), deferred_taps_.begin() + (rows - keep) * width);
+    deferred_from_ += rows - keep;
+  }
+}
+
+int64_t Session::tap_width() const {
+  return static_cast<int64_t>(model_.config().dspark_target_layer_ids.size()) * model_.config().dim;
+}
+
+void Session::observe_deferred() {
+  if (deferred_taps_.empty() || !observer_) return;
+  ForwardResult r;
+  r.dspark_taps = std::move(deferred_taps_);
+  r.rows = static_cast<int64_t>(r.dspark_taps.size()) / tap_width();
+  deferred_taps_.clear();
+  observer_(state_, r, deferred_from_, r.rows);
 }
 
 void Session::keep_verified(int64_t n) {

@@ -55,15 +55,21 @@ class Session {
   // scheduler that mixes plain decodes with speculative verifications): each session plans one
   // thing, run_planned runs them all in one Model::forward, and each then reads its result.
   //  - plan_decode(token, observe): appends the token (the result's logits predict the next one);
-  //    observe = false leaves the observer (a drafter) out of this step, taps and all;
+  //    Observe::Later keeps the step's taps (the last window's worth) for observe_deferred(), which
+  //    hands them to the observer in one call, and Observe::No leaves the observer out, taps and all;
   //  - plan_verify(run): runs `run` (the newest token, then drafts) with every row's logits, keeping
   //    a checkpoint; keep_verified(n) then keeps run[0..n) and rolls every kind of state back to
   //    exactly what running only those would have left.
-  void plan_decode(int32_t token, bool observe = true);
+  enum class Observe { Now, Later, No };
+  void plan_decode(int32_t token, Observe observe = Observe::Now);
   void plan_verify(std::vector<int32_t> run);
   static void run_planned(const std::vector<Session*>& sessions);
   const ForwardResult& planned_result() const { return result_; }
   void keep_verified(int64_t n);
+  // Hands the taps kept by Observe::Later steps to the observer, as one run of rows: a drafter that
+  // resumes after a pause then projects its window in one batch instead of one call a step (the
+  // same rows, bit for bit: every op computes a row the same way whatever its batch).
+  void observe_deferred();
 
   int64_t position() const { return state_.length(); }
   // Called after every target forward of this session with its result and the positions it ran.
@@ -88,7 +94,11 @@ class Session {
   // the planned step (plan_decode / plan_verify), its result and the verification's checkpoint
   enum class Planned { None, Decode, Verify, Verified } planned_ = Planned::None;
   std::vector<int32_t> planned_tokens_;
-  bool planned_observe_ = true;
+  Observe planned_observe_ = Observe::Now;
+  void observe_step();       // after a planned decode, as planned_observe_ says
+  int64_t tap_width() const;  // floats of taps per row
+  std::vector<float> deferred_taps_;  // [rows, n_taps·dim] of the newest Observe::Later steps
+  int64_t deferred_from_ = 0;         // the position of its first row
   ForwardResult result_;
   VerifyCheckpoint checkpoint_;
   // the prompt being prefilled step by step

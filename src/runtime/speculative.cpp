@@ -47,8 +47,24 @@ void AcceptanceGuard::verified(int64_t tokens, double seconds) {
   if (steps_ < options_.window) return;
   if (plain_timed_ == 0) {  // nothing to compare with yet: time a few plain steps, then decide
     plain_left_ = options_.probe_steps;
+    probing_ = true;
     return;
   }
+  decide();
+}
+
+void AcceptanceGuard::plain_step(double seconds) {
+  // a running mean of the first few, then an exponential average that follows the context's growth
+  ++plain_timed_;
+  const double weight = 1.0 / static_cast<double>(std::min<int64_t>(plain_timed_, 8));
+  plain_seconds_ += (seconds - plain_seconds_) * weight;
+  if (plain_left_ > 0 && --plain_left_ == 0 && probing_) {
+    probing_ = false;
+    decide();  // the window waiting for the probe
+  }
+}
+
+void AcceptanceGuard::decide() {
   // pays when speculating yields tokens at least as fast as plain steps do
   const bool pays = static_cast<double>(tokens_) * plain_seconds_ >= seconds_;
   steps_ = 0;
@@ -61,14 +77,6 @@ void AcceptanceGuard::verified(int64_t tokens, double seconds) {
   plain_left_ = next_pause_;
   next_pause_ = std::min(next_pause_ * 2, options_.max_pause_steps);
   ++pauses_;
-}
-
-void AcceptanceGuard::plain_step(double seconds) {
-  // a running mean of the first few, then an exponential average that follows the context's growth
-  ++plain_timed_;
-  const double weight = 1.0 / static_cast<double>(std::min<int64_t>(plain_timed_, 8));
-  plain_seconds_ += (seconds - plain_seconds_) * weight;
-  if (plain_left_ > 0) --plain_left_;
 }
 
 SpeculativeDecoder::SpeculativeDecoder(Session& session, const Drafter& drafter, Sampler& sampler,
@@ -111,11 +119,12 @@ void SpeculativeDecoder::plan(int32_t next, int max_drafts) {
   verifying_ = max_drafts >= 1 && guard_.drafting();
   if (!verifying_) {
     // the drafter's rings need only the window before its next draft: none at the end, and during a
-    // pause only its last window_size steps
+    // pause only its last window_size steps, which it projects in one batch when drafting resumes
     const bool drafts_again = max_drafts >= 1 && guard_.plain_steps_left() <= session_.model().config().window_size;
-    session_.plan_decode(next, drafts_again);
+    session_.plan_decode(next, drafts_again ? Session::Observe::Later : Session::Observe::No);
     return;
   }
+  session_.observe_deferred();
   const int64_t V = session_.model().config().vocab_size;
   Draft d = drafter_.draft(session_.state(), next, draft_sampler_);
   const int K0 = std::min(choose_length(d.confidence), max_drafts);
@@ -145,6 +154,7 @@ SpeculativeDecoder::Step SpeculativeDecoder::finish() {
     out.rows = r.logits;
     ++stats_.plain_steps;
     guard_.plain_step(seconds);
+    stats_.guard_pauses = guard_.pauses();  // a probe's end may decide
     return out;
   }
   const int64_t K = static_cast<int64_t>(proposals_.size());
@@ -162,9 +172,8 @@ SpeculativeDecoder::Step SpeculativeDecoder::finish() {
   stats_.accepted += a;
   for (int64_t j = 0; j < a; ++j) ++stats_.accepted_per_position[static_cast<size_t>(j)];
   stats_.emitted += a + 1;
-  const int64_t pauses = guard_.pauses();
   guard_.verified(a + 1, seconds);
-  stats_.guard_pauses += guard_.pauses() - pauses;
+  stats_.guard_pauses = guard_.pauses();
   return out;
 }
 

@@ -20,17 +20,20 @@ namespace dsv41 {
 // on the model and the machine (measured, docs/speculative.md: 3.3x a plain step on tiny, where
 // per-call overhead dominates, about 1.5x at the released widths). So the guard measures both: each
 // window of verifications gives tokens per second speculating; plain steps (a short probe after the
-// first window, then every pause) give the plain rate. A window slower than plain decoding pauses
-// drafting (the pause doubling for every failure in a row, reset by a window that pays) before it is
-// tried again. The times are those the sequence sees: in a batch, the whole step's. While paused, the
-// drafter stops observing the target until its window ring's length of steps before drafting resumes,
-// so a long pause costs plain steps only and the drafter still resumes with its whole window.
+// first window, which decides when it ends, then every pause) give the plain rate. A window slower
+// than plain decoding pauses drafting (the pause doubling for every failure in a row, reset by a
+// window that pays) before it is tried again. The times are those the sequence sees: in a batch, the
+// whole step's. While paused, the drafter stops observing the target, and the taps of the pause's
+// last window-ring's length of steps are kept and projected in one batch when drafting resumes, so a
+// pause costs plain steps only and the drafter still resumes with its whole window.
 struct AcceptanceGuardOptions {
   bool enabled = true;
   // Each window that does not pay costs its verifications' excess over plain steps, so the window is
   // short and the pauses grow long: at most `window` verifications per max_pause_steps plain steps
-  // once drafting has failed a few times (docs/speculative.md measures the bound).
-  int window = 4;                     // verifications measured before each decision
+  // once drafting has failed a few times (docs/speculative.md measures the bound). Two verifications
+  // tell a drafter that pays from one that does not well enough: a wrong pause costs one pause's
+  // gain, a wrong go-on one more window.
+  int window = 2;                     // verifications measured before each decision
   int probe_steps = 2;                // plain steps timed after the first window
   int pause_steps = 32;               // plain steps of the first pause
   int max_pause_steps = 1024;
@@ -53,6 +56,8 @@ class AcceptanceGuard {
   double plain_seconds_ = 0;  // mean of the plain steps timed (running mean, then an average of 8)
   int64_t plain_timed_ = 0;
   int plain_left_ = 0, next_pause_ = 0;
+  bool probing_ = false;  // the plain steps under way are the probe a window waits for
+  void decide();          // on the window's verifications against the plain rate
   int64_t pauses_ = 0;
 };
 

@@ -171,6 +171,17 @@ TEST(MemoryCap, CappedRunEqualsUncappedBitForBit) {
   };
   EXPECT_FALSE(tokens(uncapped.out).empty()) << uncapped.out;
   EXPECT_EQ(tokens(capped.out), tokens(uncapped.out));
+  // the capped run streamed its experts and says what it read; the uncapped one held them all
+  const auto report = [](const std::string& out) {  // the JSON line, the last the command prints
+    const size_t line = out.rfind("\n{");
+    return nlohmann::json::parse(out.substr(line == std::string::npos ? 0 : line + 1));
+  };
+  const nlohmann::json streamed = report(capped.out);
+  ASSERT_TRUE(streamed.contains("expert_cache")) << capped.out;
+  EXPECT_GT(streamed["expert_cache"]["misses"].get<uint64_t>(), 0u);
+  EXPECT_GT(streamed["expert_cache"]["bytes_read"].get<uint64_t>(), 0u);
+  EXPECT_LT(streamed["expert_cache"]["capacity_bytes"].get<uint64_t>(), kLimit);
+  EXPECT_FALSE(report(uncapped.out).contains("expert_cache"));
   std::printf("[memory-cap] checkpoint %.1f MiB, limit %.0f MiB, capped peak RSS %.1f MiB (a whole tiny-preset run: "
               "%.1f MiB)\n",
               static_cast<double>(checkpoint) / kMiB, static_cast<double>(kLimit) / kMiB, capped_peak, allowance);

@@ -300,6 +300,14 @@ int run_generate(int argc, char** argv) {
                    {"target_forwards_per_token",
                     generated.size() > 1 ? forwards / static_cast<double>(generated.size() - 1) : 0.0}};
     }
+    const EngineMetrics m = engine.metrics();
+    if (m.expert_cache_capacity_bytes > 0) {  // the plan streams the routed experts
+      j["expert_cache"] = {{"capacity_bytes", m.expert_cache_capacity_bytes},
+                           {"hits", m.expert_cache_hits},
+                           {"misses", m.expert_cache_misses},
+                           {"bytes_read", m.expert_cache_bytes_read},
+                           {"read_s", m.expert_cache_read_seconds}};
+    }
     if (rep.cache_tokens_stored > 0 && rep.cache_bytes_written > 0) {
       j["disk_bytes_per_token"] = static_cast<double>(rep.cache_bytes_written) / static_cast<double>(rep.cache_tokens_stored);
     }

@@ -350,9 +350,9 @@ namespace dsv41 {
 namespace {
 
 // The guard's schedule, on made-up times (a plain step 1 s, a verification 2 s): after the first
-// window it times a few plain steps, and the probe's end decides on that window; a window yielding fewer tokens per second than plain steps
-// pauses drafting, each failure in a row doubling the pause up to its cap; a window that pays resets
-// it; a disabled guard never pauses.
+// window it times a few plain steps, and the probe's end decides on that window; a window yielding
+// fewer tokens per second than plain steps pauses drafting, each failure in a row doubling the pause
+// up to its cap; a window that pays resets it; a disabled guard never pauses.
 TEST(AcceptanceGuard, PausesWhenSpeculatingIsSlowerThanPlainSteps) {
   AcceptanceGuardOptions o;
   o.window = 2;

@@ -97,7 +97,7 @@ void Session::plan_verify(std::vector<int32_t> run) {
   if (prefill_pending()) fail("speculative", "the prompt is still being prefilled");
   if (planned_ == Planned::Verify) fail("speculative", "a verification is planned and not yet run");
   if (run.empty()) fail("speculative", "nothing to verify");
-  observe_deferred();
+  observe_deferred();  // a drafter flushes before it drafts; this is for callers that do not draft
   checkpoint_ = VerifyCheckpoint(model_.config(), state_, static_cast<int64_t>(run.size()));
   planned_ = Planned::Verify;
   planned_observe_ = Observe::Now;

@@ -10,6 +10,7 @@ packages=(
   nlohmann-json3-dev libxxhash-dev libutf8proc-dev libpcre2-dev
   libboost-dev                                     # Beast and Asio: the HTTP server (dsv41 serve)
   libcpp-httplib-dev                               # an independent HTTP client for the server tests
+  openmpi-bin libopenmpi-dev                       # the expert-parallel job (mpirun ... --expert-parallel)
   clang libclang-rt-dev                            # libFuzzer for the parser fuzz targets
   python3 python3-numpy                            # the NumPy RNG the Engram constants must match
 )

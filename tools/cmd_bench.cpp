@@ -14,6 +14,7 @@
 
 #include "cli.h"
 #include "commands.h"
+#include "expert_parallel.h"
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "bench_limits.h"
@@ -205,6 +206,36 @@ nlohmann::json bench_decode(const std::string& dir, const std::shared_ptr<const 
     out.push_back(row);
     std::fprintf(stderr, "  decode at context %lld: %.2f tok/s\n", static_cast<long long>(ctx), tok_s);
   }
+  return out;
+}
+
+// The expert-parallel job (mpirun ... --expert-parallel): every rank's resident bytes, the bytes the
+// ranks exchange per prompt token and per decoded token, and the prefill and decode rates, from one
+// request of `prompt` tokens and `steps` timed decode steps.
+nlohmann::json bench_expert_parallel(const std::string& dir, const std::shared_ptr<const Model>& m, MpiExpertPeers& peers,
+                                     int64_t prompt, int steps) {
+  Engine e(bench_engine(dir, m));
+  ExchangeStats start, prefilled, first, last;
+  start = peers.stats();
+  const Timed t = run_request(e, bench_request(random_prompt(prompt, m->config().vocab_size, 1), steps + 2), [&](size_t i) {
+    if (i == 0) prefilled = peers.stats();
+    if (i == 1) first = peers.stats();
+    if (i == static_cast<size_t>(steps) + 1) last = peers.stats();
+  });
+  const std::vector<uint64_t> resident = peers.resident_bytes_per_rank();
+  const double prefill_s = between(t.submitted, t.tokens[0]), decode_s = between(t.tokens[1], t.tokens.back());
+  nlohmann::json out = {
+      {"ranks", peers.share().ranks},
+      {"resident_bytes_per_rank", resident},
+      {"exchanged_bytes_per_token", static_cast<double>(last.bytes - first.bytes) / steps},
+      {"exchanged_bytes_per_prompt_token", static_cast<double>(prefilled.bytes - start.bytes) / static_cast<double>(prompt)},
+      {"decode_tok_s", steps / decode_s},
+      {"prefill_tok_s", static_cast<double>(prompt) / prefill_s},
+      {"prompt_tokens", prompt},
+      {"decode_steps", steps}};
+  std::fprintf(stderr, "  %d ranks: prefill %.1f tok/s, decode %.2f tok/s, %.0f bytes exchanged per decoded token\n",
+               peers.share().ranks, out["prefill_tok_s"].get<double>(), out["decode_tok_s"].get<double>(),
+               out["exchanged_bytes_per_token"].get<double>());
   return out;
 }
 
@@ -507,7 +538,7 @@ void write_plot(const std::string& path, const nlohmann::json& r) {
 
 }  // namespace
 
-int run_bench(int argc, char** argv) {
+int run_bench(int argc, char** argv, MpiJob* job) {
   if (wants_help(argc, argv)) {
     std::puts(
         "usage: dsv41 bench -m DIR [--scenario LIST] [--json] [--plot FILE.svg] [--steps N]\n\n"
@@ -537,7 +568,7 @@ int run_bench(int argc, char** argv) {
     return 0;
   }
   Args args("bench", argc, argv, {"--model", "--scenario", "--steps", "--io-threads", "--plot", "--lengths", "--gemm-rows",
-             "--long-prefill", "--long-decode", "--long-cached", "--long-new", "--ram"}, {"--json"},
+             "--long-prefill", "--long-decode", "--long-cached", "--long-new", "--ram"}, {"--json", "--expert-parallel"},
             {{"-m", "--model"}});
   const std::string dir = args.required("--model");
   const std::string scenarios = args.get("--scenario", "gemm,cold-prefill,prefix-hit,decode,concurrency");
@@ -580,9 +611,12 @@ int run_bench(int argc, char** argv) {
                        {"peak_gflops", lim.peak_gflops}, {"peak_unit", peaks.front().unit},
                        {"cores", backend->threads()}, {"isa", backend->name()}};
   std::shared_ptr<const Model> model;  // loaded once; every scenario's engines share it
+  std::shared_ptr<MpiExpertPeers> peers;
+  if (args.has("--expert-parallel")) peers = expert_peers_for(job, dir);
   auto need_model = [&] {
     if (model) return;
     ModelOptions mo;
+    mo.expert_peers = peers;
     mo.backend = backend;
     mo.ram_bytes = ram_bytes;
     mo.prefill_chunk = kDefaultPrefillChunk;
@@ -629,6 +663,11 @@ int run_bench(int argc, char** argv) {
       need_model();
       report["long_context"] = bench_long_context(dir, model, long_plan, lim);
     }
+  }
+  if (peers) {
+    need_model();
+    std::fprintf(stderr, "expert-parallel...\n");
+    report["expert_parallel"] = bench_expert_parallel(dir, model, *peers, lengths.back(), steps > 0 ? steps : 8);
   }
   if (args.has("--plot")) write_plot(args.get("--plot"), report);
   if (args.has("--json")) {

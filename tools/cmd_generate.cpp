@@ -15,6 +15,7 @@
 #include "backend_env.h"
 #include "cli.h"
 #include "commands.h"
+#include "expert_parallel.h"
 #include "io/safetensors_writer.h"
 #include "runtime/engine.h"
 #include "text/tokenizer.h"
@@ -98,7 +99,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 // One request through the Engine, the path `serve` and `chat` take: the command only turns flags
 // into the request, prints its tokens as they come and reports what the engine reports at the end.
-int run_generate(int argc, char** argv) {
+int run_generate(int argc, char** argv, MpiJob* job) {
   if (wants_help(argc, argv)) {
     std::fputs(kHelp, stdout);
     return 0;
@@ -106,7 +107,7 @@ int run_generate(int argc, char** argv) {
   Args args("generate", argc, argv,
             {"--model", "--prompt", "--file", "--prompt-ids", "--n-predict", "--temp", "--top-p", "--seed", "--teacher-ids",
              "--prefill-mode", "--chunk", "--index-keys", "--dump-logits", "--prompt-cache", "--cache-mode", "--engram", "--ram", "--speculative", "--draft-length", "--oracle-drafts", "--acceptance-guard"},
-            {"--json", "--ignore-eos", "--no-bos"}, {{"-m", "--model"}, {"-p", "--prompt"}, {"-f", "--file"}, {"-n", "--n-predict"}});
+            {"--json", "--ignore-eos", "--no-bos", "--expert-parallel"}, {{"-m", "--model"}, {"-p", "--prompt"}, {"-f", "--file"}, {"-n", "--n-predict"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
   const std::string dir = args.required("--model");
   if (static_cast<int>(args.has("--prompt")) + static_cast<int>(args.has("--file")) + static_cast<int>(args.has("--prompt-ids")) != 1) {
@@ -162,6 +163,8 @@ int run_generate(int argc, char** argv) {
   eo.engram = parse_engram_tier(args.get("--engram", "mmap"));
   eo.ram_bytes = args.get_size("--ram", 0);
   eo.backend = backend_from_environment();
+  std::shared_ptr<MpiExpertPeers> peers;
+  if (args.has("--expert-parallel")) eo.expert_peers = peers = expert_peers_for(job, dir);
   eo.log = [](const std::string& line) { std::fprintf(stderr, "dsv41 generate: warning: %s\n", line.c_str()); };
   Engine engine(eo);
   const ModelConfig& cfg = engine.config();
@@ -307,6 +310,13 @@ int run_generate(int argc, char** argv) {
                            {"misses", m.expert_cache_misses},
                            {"bytes_read", m.expert_cache_bytes_read},
                            {"read_s", m.expert_cache_read_seconds}};
+    }
+    if (peers) {  // --expert-parallel: what crossed between the ranks
+      const ExchangeStats x = peers->stats();
+      j["expert_parallel"] = {{"ranks", peers->share().ranks},
+                              {"exchanged_bytes", x.bytes},
+                              {"moe_layers", x.moe_layers},
+                              {"engram_lookups", x.engram_lookups}};
     }
     if (rep.cache_tokens_stored > 0 && rep.cache_bytes_written > 0) {
       j["disk_bytes_per_token"] = static_cast<double>(rep.cache_bytes_written) / static_cast<double>(rep.cache_tokens_stored);

@@ -12,6 +12,7 @@
 #include "backend_env.h"
 #include "cli.h"
 #include "commands.h"
+#include "expert_parallel.h"
 #include "io/engram_store.h"
 #include "runtime/engine.h"
 #include "runtime/prefix_cache.h"
@@ -99,7 +100,7 @@ std::string read_key_file(const std::string& path) {
 
 }  // namespace
 
-int run_serve(int argc, char** argv) {
+int run_serve(int argc, char** argv, MpiJob* job) {
   if (wants_help(argc, argv)) {
     std::fputs(kHelp, stdout);
     return 0;
@@ -109,7 +110,7 @@ int run_serve(int argc, char** argv) {
              "--cache-ram-mb", "--prefill-chunk", "--engram", "--ram", "--threads", "--thinking", "--default-max-tokens",
              "--served-model-name", "--api-key", "--api-key-file", "--cors-origins", "--max-connections", "--prompt-cache-disk-mb",
              "--request-timeout", "--header-timeout", "--body-timeout", "--speculative", "--draft-length"},
-            {"--log-requests", "--test-hooks"}, {{"-m", "--model"}});
+            {"--log-requests", "--test-hooks", "--expert-parallel"}, {{"-m", "--model"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
 
   EngineOptions eo;
@@ -123,6 +124,7 @@ int run_serve(int argc, char** argv) {
   eo.prefill_chunk = args.get_int("--prefill-chunk", 256, 1, 1 << 20);
   eo.engram = parse_engram_tier(args.get("--engram", "mmap"));
   eo.ram_bytes = args.get_size("--ram", 0);
+  if (args.has("--expert-parallel")) eo.expert_peers = expert_peers_for(job, eo.model_dir);
   const std::string spec = args.get("--speculative", "off");
   if (spec != "dspark" && spec != "off") fail("--speculative", "must be dspark or off, got \"" + spec + "\"");
   eo.speculative = spec == "dspark" ? SpeculativeMethod::DSpark : SpeculativeMethod::Off;

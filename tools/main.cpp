@@ -7,6 +7,7 @@
 #include <string>
 
 #include "commands.h"
+#include "expert_parallel.h"
 #include "util/error.h"
 
 namespace {
@@ -29,6 +30,9 @@ commands:
   serve -m DIR [--host H] [--port N]            the OpenAI-compatible HTTP server
   chat -m DIR                                   an interactive conversation in the terminal
   ppl -m DIR -f FILE [--ctx N]                  perplexity of a text, chunk by chunk
+  mpirun -np N dsv41 generate|serve|bench ... --expert-parallel
+                                                one job over N ranks, each holding 1/N of the routed
+                                                experts and Engram rows (docs/distributed.md)
   pack --like DIR --weights FILE --out DIR      quantize trained F32 weights into the released layout
   tokenizer train|encode|engram-map             learn a BPE tokenizer.json from a text, encode a text,
                                                 write the Engram token map (for tools/train)
@@ -49,6 +53,14 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string command = argv[1];
+  if (dsv41::cli::wants_expert_parallel(argc - 2, argv + 2)) {
+    if (command == "generate") return dsv41::cli::run_expert_parallel(command, argc - 2, argv + 2, dsv41::cli::run_generate);
+    if (command == "serve") return dsv41::cli::run_expert_parallel(command, argc - 2, argv + 2, dsv41::cli::run_serve);
+    if (command == "bench") return dsv41::cli::run_expert_parallel(command, argc - 2, argv + 2, dsv41::cli::run_bench);
+    std::fprintf(stderr, "dsv41 %s: error: --expert-parallel: only generate, serve and bench run expert-parallel\n",
+                 command.c_str());
+    return 1;
+  }
   try {
     if (command == "inspect") return dsv41::cli::run_inspect(argc - 2, argv + 2);
     if (command == "make-tiny") return dsv41::cli::run_make_tiny(argc - 2, argv + 2);

@@ -141,9 +141,12 @@ struct EngramStore::Impl {
   std::string name;
   EngramTier tier = EngramTier::Mmap;
   int64_t rows = 0, row_bytes = 0, scale_bytes = 0;
+  int64_t held_first = 0, held_end = 0;  // the rows this store serves (an expert-parallel rank's share)
   size_t io_threads = 0;
 
-  // Mmap and Ram: where gather() copies from.
+  // Mmap and Ram: where gather() copies from; row `src_first` is at their start (the Ram tier copies
+  // only the held rows).
+  int64_t src_first = 0;
   const uint8_t* codes_src = nullptr;
   const uint8_t* scales_src = nullptr;
   std::unique_ptr<uint8_t[]> ram_codes, ram_scales;
@@ -230,7 +233,8 @@ struct EngramStore::Impl {
   }
 };
 
-EngramStore::EngramStore(const TensorView& table, const TensorView& scale, EngramTier tier, int io_threads)
+EngramStore::EngramStore(const TensorView& table, const TensorView& scale, EngramTier tier, int io_threads,
+                         std::pair<int64_t, int64_t> held)
     : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   s.name = table.name();
@@ -249,6 +253,12 @@ EngramStore::EngramStore(const TensorView& table, const TensorView& scale, Engra
     fail(scale.name(), "the scales of " + table.name() + " must be F8_E8M0 [" + std::to_string(s.rows) + "," +
                            std::to_string(s.scale_bytes) + "]");
   }
+  s.held_first = held.first;
+  s.held_end = held.second < 0 ? s.rows : held.second;
+  if (s.held_first < 0 || s.held_first > s.held_end || s.held_end > s.rows) {
+    fail(table.name(), "rows " + std::to_string(s.held_first) + ".." + std::to_string(s.held_end) +
+                           " to hold are not within the table of " + std::to_string(s.rows) + " rows");
+  }
 
   switch (tier) {
     case EngramTier::Mmap:
@@ -265,25 +275,28 @@ EngramStore::EngramStore(const TensorView& table, const TensorView& scale, Engra
       // Read with pread rather than copied from the mapping: sequential reads get full readahead,
       // a truncated file is an Error instead of SIGBUS, and each chunk is dropped from the page
       // cache once copied so that a 98 GB table does not sit in memory twice.
-      auto load = [](const TensorView& view, std::unique_ptr<uint8_t[]>& out) {
+      // (Only the held rows: the share of an expert-parallel rank.)
+      auto load = [&s](const TensorView& view, int64_t row_len, std::unique_ptr<uint8_t[]>& out) {
         const int fd = open_read_only(*view.file);
         struct Closer {
           int fd;
           ~Closer() { ::close(fd); }
         } closer{fd};
         check_file_holds(fd, view);
-        const size_t total = view.nbytes();
-        out = std::make_unique_for_overwrite<uint8_t[]>(total);
+        const size_t total = static_cast<size_t>((s.held_end - s.held_first) * row_len);
+        const uint64_t start = view.file_offset + static_cast<uint64_t>(s.held_first * row_len);
+        out = std::make_unique_for_overwrite<uint8_t[]>(std::max<size_t>(total, 1));
         constexpr size_t kChunk = size_t{64} << 20;
         for (size_t done = 0; done < total; done += kChunk) {
           const size_t n = std::min(kChunk, total - done);
-          const uint64_t offset = view.file_offset + done;
+          const uint64_t offset = start + done;
           read_exact(fd, out.get() + done, n, offset, *view.file, "tensor " + view.name());
           (void)::posix_fadvise(fd, static_cast<off_t>(offset), static_cast<off_t>(n), POSIX_FADV_DONTNEED);
         }
       };
-      load(table, s.ram_codes);
-      load(scale, s.ram_scales);
+      load(table, s.row_bytes, s.ram_codes);
+      load(scale, s.scale_bytes, s.ram_scales);
+      s.src_first = s.held_first;
       s.codes_src = s.ram_codes.get();
       s.scales_src = s.ram_scales.get();
       break;
@@ -317,6 +330,7 @@ EngramStore::EngramStore(const TensorView& table, const TensorView& scale, Engra
 EngramStore::~EngramStore() = default;
 
 int64_t EngramStore::rows() const { return impl_->rows; }
+std::pair<int64_t, int64_t> EngramStore::held() const { return {impl_->held_first, impl_->held_end}; }
 int64_t EngramStore::row_bytes() const { return impl_->row_bytes; }
 int64_t EngramStore::scale_bytes() const { return impl_->scale_bytes; }
 EngramTier EngramStore::tier() const { return impl_->tier; }
@@ -329,6 +343,11 @@ EngramStore::Ticket EngramStore::prefetch(const std::vector<int64_t>& row_ids) {
     if (row < 0 || row >= s.rows) {
       fail(s.name, "row id " + std::to_string(row) + " (position " + std::to_string(i) +
                        " of the request) outside the table of " + std::to_string(s.rows) + " rows");
+    }
+    if (row < s.held_first || row >= s.held_end) {
+      fail(s.name, "row id " + std::to_string(row) + " (position " + std::to_string(i) +
+                       " of the request) is not among the rows " + std::to_string(s.held_first) + ".." +
+                       std::to_string(s.held_end) + " held here");
     }
   }
   auto request = std::make_shared<Impl::Request>();
@@ -395,8 +414,8 @@ void EngramStore::gather(Ticket ticket, uint8_t* codes, uint8_t* scales) {
       code_row = r.codes.get() + r.slot[i] * rb;
       scale_row = r.scales.get() + r.slot[i] * sb;
     } else {
-      code_row = s.codes_src + static_cast<size_t>(r.ids[i]) * rb;
-      scale_row = s.scales_src + static_cast<size_t>(r.ids[i]) * sb;
+      code_row = s.codes_src + static_cast<size_t>(r.ids[i] - s.src_first) * rb;
+      scale_row = s.scales_src + static_cast<size_t>(r.ids[i] - s.src_first) * sb;
     }
     std::memcpy(codes + i * rb, code_row, rb);
     std::memcpy(scales + i * sb, scale_row, sb);
@@ -409,7 +428,7 @@ double measure_engram_lookup_us(EngramStore& store, int steps, int rows_per_step
                                    std::to_string(rows_per_step));
   }
   std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int64_t> pick(0, store.rows() - 1);
+  std::uniform_int_distribution<int64_t> pick(store.held().first, store.held().second - 1);
   std::vector<std::vector<int64_t>> ids(static_cast<size_t>(steps));
   for (auto& step : ids) {
     step.resize(static_cast<size_t>(rows_per_step));

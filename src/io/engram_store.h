@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/safetensors.h"
@@ -30,13 +31,17 @@ class EngramStore {
 
   // `table`: F8_E4M3 [rows, head_dim]; `scale`: F8_E8M0 [rows, head_dim/32] (Error otherwise, naming
   // the tensor). `io_threads` sizes the Pread tier's pool (created here, once); other tiers start none.
-  // The views must outlive the store for the Mmap tier (it reads through them).
-  EngramStore(const TensorView& table, const TensorView& scale, EngramTier tier, int io_threads = 4);
+  // The views must outlive the store for the Mmap tier (it reads through them). `held`: the rows
+  // [first, end) the store serves (end -1: to the last), an expert-parallel rank's share; the Ram tier
+  // copies only those, and a request for another row is an Error.
+  EngramStore(const TensorView& table, const TensorView& scale, EngramTier tier, int io_threads = 4,
+              std::pair<int64_t, int64_t> held = {0, -1});
   ~EngramStore();  // stops and joins the I/O threads; tickets not gathered are dropped
   EngramStore(const EngramStore&) = delete;
   EngramStore& operator=(const EngramStore&) = delete;
 
-  int64_t rows() const;
+  int64_t rows() const;  // the whole table's
+  std::pair<int64_t, int64_t> held() const;  // the rows served: [first, end)
   int64_t row_bytes() const;    // head_dim: FP8 codes per row
   int64_t scale_bytes() const;  // row_bytes / 32: E8M0 scales per row
   EngramTier tier() const;

@@ -35,7 +35,7 @@ Stream embed_tokens(const Backend& be, const ModelConfig& c, const Bf16Tensor& t
 }
 
 void run_block(const Backend& be, const ModelConfig& c, const LayerRole& r, const LayerWeights& L, Stream& x,
-               bool replay, const AttentionCore& core, const ExpertCache* experts) {
+               bool replay, const AttentionCore& core, const ExpertCache* experts, ExpertPeers* peers) {
   const int64_t n = x.rows, d = c.dim;
   const float eps = static_cast<float>(c.norm_eps);
   // attention sublayer: post/comb from this stream, the input collapsed with the previous sublayer's pre
@@ -52,7 +52,8 @@ void run_block(const Backend& be, const ModelConfig& c, const LayerRole& r, cons
   // next block
   Mixes f = hc_step(be, c, x.X.data(), y.data(), a, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, n, u.data());
   be.rms_norm(u.data(), n, d, L.ffn_norm.data(), eps, u.data(), true);
-  moe_forward(be, c, r.layer, L.ffn, u.data(), n, x.span.empty() ? nullptr : x.span.data(), y.data(), experts);
+  moe_forward(be, c, r.layer, L.ffn, u.data(), n, x.span.empty() ? nullptr : x.span.data(), y.data(), experts,
+              peers);
   hc_post(be, c, x.X.data(), y.data(), f, n);
   x.pre = std::move(f.pre);
 }

@@ -13,6 +13,7 @@
 #include "kernels/backend.h"
 #include "model/attention.h"
 #include "model/expert_cache.h"
+#include "model/expert_peers.h"
 #include "model/weights.h"
 
 namespace dsv41 {
@@ -38,9 +39,11 @@ Stream embed_tokens(const Backend& be, const ModelConfig& c, const Bf16Tensor& t
 
 // One block over every row of the stream: attention (projections, `core`, output projection), then
 // the FFN, each wrapped in the mHC mixes. `replay` leaves the compressor's projections out; `experts`
-// serves the routed experts when the memory plan streams them (null: the weights' own).
+// serves the routed experts when the memory plan streams them (null: the weights' own); `peers` hold
+// the routed experts outside this rank's share in an expert-parallel job (null: none).
 void run_block(const Backend& be, const ModelConfig& c, const LayerRole& role, const LayerWeights& L, Stream& x,
-               bool replay, const AttentionCore& core, const ExpertCache* experts = nullptr);
+               bool replay, const AttentionCore& core, const ExpertCache* experts = nullptr,
+               ExpertPeers* peers = nullptr);
 
 // The head over `count` rows from `first`: collapse with the last pre, `norm`, the fp32 projection
 // to logits [count, vocab]. The collapsed rows before the norm go to `hidden` when it is given.

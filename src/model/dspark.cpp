@@ -116,7 +116,7 @@ Draft Drafter::draft(const SequenceState& seq, int32_t next, TokenPicker& picker
     if (st.window[layer].empty()) fail("speculative", "the drafter's ring is empty (observe the prompt first)");
     run_block(be, c, model_.roles()[layer], W.layers[layer], x, false, [&](AttentionProjection& projected, float* o) {
       draft_attention(model_, layer, projected, p, st.window[layer], st.window_from[layer], o);
-    }, model_.expert_cache());
+    }, model_.expert_cache(), model_.expert_peers());
   }
   // head: collapse with the last block's pre, the stage's own norm, the backbone's fp32 head
   Draft out;

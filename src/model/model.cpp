@@ -29,15 +29,19 @@ struct CallRows {
 };
 
 // Engram row fetches started before the layers run; whatever the call did not collect (it failed on
-// the way) is collected here, since a started fetch must be.
+// the way) is collected here, since a started fetch must be. In an expert-parallel job the rows held
+// here are fetched so, and the others come from their owners when the layer gathers them.
 class EngramFetches {
  public:
-  EngramFetches(const ModelConfig& c, const ModelWeights& w) : c_(c), w_(w) {}
+  EngramFetches(const ModelConfig& c, const ModelWeights& w, ExpertPeers* peers) : c_(c), w_(w), peers_(peers) {}
   ~EngramFetches() {
     for (size_t slot = 0; slot < tickets_.size(); ++slot) {
       if (gathered_[slot]) continue;
-      try {
-        gather(slot);
+      try {  // only the rows fetched here: the other ranks keep nothing for a call
+        EngramStore& t = table(slot);
+        std::vector<uint8_t> codes(local_[slot].size() * static_cast<size_t>(t.row_bytes()));
+        std::vector<uint8_t> scales(local_[slot].size() * static_cast<size_t>(t.scale_bytes()));
+        t.gather(tickets_[slot], codes.data(), scales.data());
       } catch (const Error&) {
         // the call is already failing; the fetch only had to be collected
       }
@@ -47,19 +51,43 @@ class EngramFetches {
     if (tickets_.size() <= slot) {
       tickets_.resize(slot + 1);
       ids_.resize(slot + 1);
+      local_.resize(slot + 1);
       gathered_.resize(slot + 1, true);
     }
-    tickets_[slot] = table(slot).prefetch(ids);
+    const auto [first, end] = table(slot).held();
+    std::vector<int64_t> local;
+    local_[slot].clear();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] >= first && ids[i] < end) {
+        local.push_back(ids[i]);
+        local_[slot].push_back(i);
+      }
+    }
+    tickets_[slot] = table(slot).prefetch(local);
     ids_[slot] = std::move(ids);
     gathered_[slot] = false;
   }
   // The rows in prefetch order: codes [n, row_bytes] and scales [n, scale_bytes].
   std::pair<std::vector<uint8_t>, std::vector<uint8_t>> gather(size_t slot) {
     EngramStore& t = table(slot);
-    std::vector<uint8_t> codes(ids_[slot].size() * static_cast<size_t>(t.row_bytes()));
-    std::vector<uint8_t> scales(ids_[slot].size() * static_cast<size_t>(t.scale_bytes()));
+    const size_t rb = static_cast<size_t>(t.row_bytes()), sb = static_cast<size_t>(t.scale_bytes());
+    std::vector<uint8_t> codes(ids_[slot].size() * rb), scales(ids_[slot].size() * sb);
+    const std::vector<size_t>& local = local_[slot];
     gathered_[slot] = true;
-    t.gather(tickets_[slot], codes.data(), scales.data());
+    if (local.size() == ids_[slot].size()) {
+      t.gather(tickets_[slot], codes.data(), scales.data());
+    } else {
+      std::vector<uint8_t> lc(local.size() * rb), ls(local.size() * sb);
+      t.gather(tickets_[slot], lc.data(), ls.data());
+      for (size_t j = 0; j < local.size(); ++j) {
+        std::copy_n(&lc[j * rb], rb, &codes[local[j] * rb]);
+        std::copy_n(&ls[j * sb], sb, &scales[local[j] * sb]);
+      }
+    }
+    if (peers_ != nullptr) {
+      peers_->engram_rows(static_cast<int>(slot), ids_[slot], t.rows(), t.row_bytes(), t.scale_bytes(), codes.data(),
+                          scales.data());
+    }
     return {std::move(codes), std::move(scales)};
   }
 
@@ -67,15 +95,17 @@ class EngramFetches {
   EngramStore& table(size_t slot) const { return *w_.layers[c_.engram_layer_ids[slot]].engram->table; }
   const ModelConfig& c_;
   const ModelWeights& w_;
+  ExpertPeers* peers_;
   std::vector<EngramStore::Ticket> tickets_;
   std::vector<std::vector<int64_t>> ids_;
+  std::vector<std::vector<size_t>> local_;  // positions in ids_ of the rows held here
   std::vector<bool> gathered_;
 };
 
 }  // namespace
 
 Model::Model(std::shared_ptr<const Backend> backend, std::shared_ptr<const ModelWeights> weights,
-             EngramTokenMap token_map, uint64_t expert_cache_bytes)
+             EngramTokenMap token_map, uint64_t expert_cache_bytes, std::shared_ptr<ExpertPeers> expert_peers)
     : backend_(std::move(backend)),
       weights_(std::move(weights)),
       roles_(derive_layer_roles(weights_->config())),
@@ -84,7 +114,8 @@ Model::Model(std::shared_ptr<const Backend> backend, std::shared_ptr<const Model
                    config().beta_slow),
       rope_compressed_(config().rope_head_dim, config().original_seq_len, config().compress_rope_theta,
                        config().rope_factor, config().beta_fast, config().beta_slow),
-      fingerprint_(model_fingerprint(config(), weights_->checkpoint().fingerprint())) {
+      fingerprint_(model_fingerprint(config(), weights_->checkpoint().fingerprint())),
+      expert_peers_(std::move(expert_peers)) {
   if (!backend_) fail("model", "needs a backend");
   if (expert_cache_bytes > 0) expert_cache_ = std::make_unique<ExpertCache>(*weights_, backend_, expert_cache_bytes);
 }
@@ -188,7 +219,7 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
 
   // Engram row ids depend only on token ids, so they are computed up front and their rows fetched
   // (asynchronously, with the pread tier) while the layers before each Engram layer run.
-  EngramFetches fetches(c, *weights_);
+  EngramFetches fetches(c, *weights_, expert_peers_.get());
   if (!c.engram_layer_ids.empty()) {
     std::vector<std::vector<int64_t>> ids(c.engram_layer_ids.size());
     for (ForwardCall& call : calls) {
@@ -303,7 +334,7 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
         attention_core(be, c, r, L.attn, rope(layer), sequence_rows(c, p, run.row0), run.ctx, *calls[k].state,
                        o + run.row0 * HD);
       }
-    }, expert_cache_.get());
+    }, expert_cache_.get(), expert_peers_.get());
     for (size_t k = 0; k < calls.size(); ++k) {
       CallRows& run = runs[k];
       if (calls[k].options.capture_blocks) {
@@ -380,13 +411,16 @@ std::unique_ptr<Model> load_model(const std::string& dir, const ModelOptions& op
   EngramTokenMap map = build_engram_token_map(tok, config.vocab_size);
   tok = nlohmann::json();
   check_engram_token_map(config, map);
-  auto weights = std::make_shared<const ModelWeights>(dir, config, backend, options.engram,
-                                                      WeightPlacement{plan.pack_dense, plan.pack_experts});
+  WeightPlacement placement;
+  placement.pack_dense = plan.pack_dense;
+  placement.pack_experts = plan.pack_experts;
+  if (options.expert_peers) placement.share = options.expert_peers->share();
+  auto weights = std::make_shared<const ModelWeights>(dir, config, backend, options.engram, placement);
   // Streamed experts go through the expert cache; a backend that packs nothing reads them through the
   // mapping instead (the plan's page-cache placement).
   const uint64_t cache = plan.pack_experts || backend->weight_tile_rows() == 0 ? 0 : plan.expert_cache_bytes;
   if (plan_out != nullptr) *plan_out = std::move(plan);
-  return std::make_unique<Model>(std::move(backend), std::move(weights), std::move(map), cache);
+  return std::make_unique<Model>(std::move(backend), std::move(weights), std::move(map), cache, options.expert_peers);
 }
 
 }  // namespace dsv41

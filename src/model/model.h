@@ -17,6 +17,7 @@
 #include "model/forward_context.h"
 #include "state/sequence_state.h"
 #include "model/expert_cache.h"
+#include "model/expert_peers.h"
 #include "model/memory_plan.h"
 #include "model/weights.h"
 
@@ -84,14 +85,18 @@ class Model {
  public:
   // `expert_cache_bytes` > 0: the routed experts come from an ExpertCache of that size (the memory
   // plan's streamed placement; the weights then hold them unpacked in the mapping, unread).
+  // `expert_peers`: the other ranks of an expert-parallel job, holding the routed experts and Engram
+  // rows outside the weights' share (null: a single process).
   Model(std::shared_ptr<const Backend> backend, std::shared_ptr<const ModelWeights> weights, EngramTokenMap token_map,
-        uint64_t expert_cache_bytes = 0);
+        uint64_t expert_cache_bytes = 0, std::shared_ptr<ExpertPeers> expert_peers = nullptr);
   const ModelConfig& config() const { return weights_->config(); }
   const std::vector<LayerRole>& roles() const { return roles_; }
   const ModelWeights& weights() const { return *weights_; }
   const Backend& backend() const { return *backend_; }
   // The routed experts' cache, when the memory plan streams them; null otherwise.
   const ExpertCache* expert_cache() const { return expert_cache_.get(); }
+  // The other ranks of an expert-parallel job; null in a single process.
+  ExpertPeers* expert_peers() const { return expert_peers_.get(); }
   // The config and the checkpoint's contents in 16 hex digits (io/config.h model_fingerprint): what
   // a prompt cache's files must carry to be this model's.
   const std::string& fingerprint() const { return fingerprint_; }
@@ -121,6 +126,7 @@ class Model {
   RopeTable rope_compressed_;  // compress theta with YaRN for ratio > 0 layers
   std::string fingerprint_;
   std::unique_ptr<ExpertCache> expert_cache_;
+  std::shared_ptr<ExpertPeers> expert_peers_;
 };
 
 struct ModelOptions {
@@ -133,6 +139,8 @@ struct ModelOptions {
   uint64_t kv_bytes = 0;
   uint64_t prompt_cache_bytes = 0;
   int64_t prefill_chunk = 512;
+  // An expert-parallel job's other ranks (parallel/): the load binds only this rank's share.
+  std::shared_ptr<ExpertPeers> expert_peers = nullptr;
 };
 
 // The plan a load with these options follows (model/memory_plan.h), for the backend's packing.

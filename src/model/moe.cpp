@@ -1,6 +1,7 @@
 #include "model/moe.h"
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -21,8 +22,46 @@ RouterParams router_params(const ModelConfig& c, int layer) {
   return p;
 }
 
+void run_routed_experts(const Backend& be, const ModelConfig& c, int layer, const MoeWeights& w, const float* x,
+                        const MoeDispatch& d, int64_t first, int64_t end, const ExpertCache* cache, float* routed,
+                        const std::function<void()>& meanwhile) {
+  const int64_t dim = c.dim;
+  const float limit = static_cast<float>(c.swiglu_limit);
+  std::vector<float> xs;
+  const auto run_expert = [&](int64_t e, const ExpertMatrices<Fp4Matrix>& m) {
+    const int64_t row0 = d.offsets[static_cast<size_t>(e)], rows = d.offsets[static_cast<size_t>(e + 1)] - row0;
+    xs.resize(static_cast<size_t>(rows * dim));
+    be.gather_rows(x, dim, &d.token[static_cast<size_t>(row0)], rows, xs.data());
+    be.expert_ffn(m, xs.data(), rows, &d.weight[static_cast<size_t>(row0)], limit, &routed[row0 * dim]);
+  };
+  std::vector<int32_t> used;
+  for (int64_t e = first; e < end; ++e) {
+    if (d.offsets[static_cast<size_t>(e + 1)] > d.offsets[static_cast<size_t>(e)]) used.push_back(static_cast<int32_t>(e));
+  }
+  if (cache == nullptr) {
+    if (meanwhile) meanwhile();
+    for (int32_t e : used) run_expert(e, w.experts[static_cast<size_t>(e)]);
+    return;
+  }
+  // Streamed experts: in groups the cache holds two of, the next group read while this one computes.
+  // Each expert writes its own rows, so the order of the groups changes no bit of the combine.
+  const size_t group = static_cast<size_t>(std::max<int64_t>(1, cache->group_size(layer)));
+  const auto ids_of = [&](size_t g) {
+    return std::vector<int32_t>(used.begin() + static_cast<std::ptrdiff_t>(g),
+                                used.begin() + static_cast<std::ptrdiff_t>(std::min(used.size(), g + group)));
+  };
+  ExpertCache::Pending next = cache->request(layer, ids_of(0));
+  if (meanwhile) meanwhile();
+  if (used.empty()) return;
+  for (size_t g = 0; g < used.size(); g += group) {
+    const ExpertCache::Lease lease = cache->wait(std::move(next));
+    if (g + group < used.size()) next = cache->request(layer, ids_of(g + group));
+    for (size_t i = g; i < std::min(used.size(), g + group); ++i) run_expert(used[i], lease[i - g]);
+  }
+}
+
 void moe_forward(const Backend& be, const ModelConfig& c, int layer, const MoeWeights& w, const float* x, int64_t s,
-                 const uint8_t* span, float* out, const ExpertCache* cache) {
+                 const uint8_t* span, float* out, const ExpertCache* cache, ExpertPeers* peers) {
   const int64_t d = c.dim;
   const RouterParams rp = router_params(c, layer);
   const float limit = static_cast<float>(c.swiglu_limit);
@@ -45,44 +84,21 @@ void moe_forward(const Backend& be, const ModelConfig& c, int layer, const MoeWe
   }
   // dispatch: each expert's tokens in one batch, experts in ascending order
   const MoeDispatch dispatch = be.moe_dispatch(experts.data(), weights.data(), s, rp.k, rp.experts);
-  std::vector<float> routed(static_cast<size_t>(dispatch.entries() * d)), xs;
-  const auto run_expert = [&](int64_t e, const ExpertMatrices<Fp4Matrix>& m) {
-    const int64_t first = dispatch.offsets[static_cast<size_t>(e)],
-                  rows = dispatch.offsets[static_cast<size_t>(e + 1)] - first;
-    xs.resize(static_cast<size_t>(rows * d));
-    be.gather_rows(x, d, &dispatch.token[static_cast<size_t>(first)], rows, xs.data());
-    be.expert_ffn(m, xs.data(), rows, &dispatch.weight[static_cast<size_t>(first)], limit,
-                  &routed[static_cast<size_t>(first * d)]);
-  };
-  std::vector<float> shared(static_cast<size_t>(s * d));
-  if (cache == nullptr) {
-    for (int64_t e = 0; e < rp.experts; ++e) {
-      if (dispatch.offsets[static_cast<size_t>(e + 1)] > dispatch.offsets[static_cast<size_t>(e)]) {
-        run_expert(e, w.experts[static_cast<size_t>(e)]);
-      }
-    }
-    be.expert_ffn(w.shared, x, s, nullptr, limit, shared.data());
-  } else {
-    // Streamed experts: in groups the cache holds two of, the next group read while this one (and,
-    // first, the shared expert) computes. Each expert writes its own rows, so the order of the groups
-    // changes no bit of the combine below.
-    std::vector<int32_t> used;
-    for (int64_t e = 0; e < rp.experts; ++e) {
-      if (dispatch.offsets[static_cast<size_t>(e + 1)] > dispatch.offsets[static_cast<size_t>(e)]) used.push_back(static_cast<int32_t>(e));
-    }
-    const size_t group = static_cast<size_t>(std::max<int64_t>(1, cache->group_size(layer)));
-    const auto ids_of = [&](size_t g) {
-      return std::vector<int32_t>(used.begin() + static_cast<std::ptrdiff_t>(g),
-                                  used.begin() + static_cast<std::ptrdiff_t>(std::min(used.size(), g + group)));
-    };
-    ExpertCache::Pending next = cache->request(layer, ids_of(0));
-    be.expert_ffn(w.shared, x, s, nullptr, limit, shared.data());
-    for (size_t g = 0; g < used.size(); g += group) {
-      const ExpertCache::Lease lease = cache->wait(std::move(next));
-      if (g + group < used.size()) next = cache->request(layer, ids_of(g + group));
-      for (size_t i = g; i < std::min(used.size(), g + group); ++i) run_expert(used[i], lease[i - g]);
-    }
+  std::vector<float> routed(static_cast<size_t>(dispatch.entries() * d)), shared(static_cast<size_t>(s * d));
+  // The experts held here (all of them, or this rank's share while the owners of the others compute
+  // theirs), then the shared expert. Every expert's rows are the ones a single process computes, in the
+  // same batch, so the combine below sums the same bits.
+  const auto [first, end] = peers ? peers->share().experts(rp.experts) : std::pair<int64_t, int64_t>{0, rp.experts};
+  if (peers) peers->dispatch(layer, x, s, d, experts.data(), weights.data(), rp.k, dispatch);
+  try {
+    // (the shared expert computes while the first group of streamed experts is read)
+    run_routed_experts(be, c, layer, w, x, dispatch, first, end, cache, routed.data(),
+                       [&] { be.expert_ffn(w.shared, x, s, nullptr, limit, shared.data()); });
+  } catch (...) {
+    if (peers) peers->combine(layer, dispatch, d, routed.data());  // the owners wait for it
+    throw;
   }
+  if (peers) peers->combine(layer, dispatch, d, routed.data());
   // combine: routed outputs in ascending expert order, then the shared expert
   be.moe_combine(dispatch, routed.data(), shared.data(), s, d, out);
 }

@@ -112,6 +112,18 @@ class Binder {
   uint64_t& anon_;
 };
 
+// A share's routed experts: the others stay empty (never read, never packed).
+void bind_experts(const Binder& b, const ModelConfig& c, const LayerRole& r, const std::string& p,
+                  const ExpertShare& share, MoeWeights& f) {
+  const int experts = c.routed_experts(r.layer);
+  const auto [first, end] = share.experts(experts);
+  f.experts.resize(static_cast<size_t>(experts));
+  for (int64_t e = first; e < end; ++e) {
+    const std::string ep = p + "ffn.experts." + std::to_string(e) + ".";
+    f.experts[static_cast<size_t>(e)] = {b.fp4(ep + "w1"), b.fp4(ep + "w2"), b.fp4(ep + "w3")};
+  }
+}
+
 void bind_block(const Binder& b, const ModelConfig& c, const LayerRole& r, const std::string& p, LayerWeights& L) {
   L.hc_attn_fn = b.f32(p + "hc_attn_fn");
   L.hc_ffn_fn = b.f32(p + "hc_ffn_fn");
@@ -150,10 +162,6 @@ void bind_block(const Binder& b, const ModelConfig& c, const LayerRole& r, const
   f.gate_bias = b.f32(fp + "gate.bias");
   if (b.has(fp + "gate.bias_vl")) f.gate_bias_vl = b.f32(fp + "gate.bias_vl", c.routed_experts(r.layer));
   f.shared = {b.fp8(fp + "shared_experts.w1"), b.fp8(fp + "shared_experts.w2"), b.fp8(fp + "shared_experts.w3")};
-  for (int e = 0; e < c.routed_experts(r.layer); ++e) {
-    const std::string ep = fp + "experts." + std::to_string(e) + ".";
-    f.experts.push_back({b.fp4(ep + "w1"), b.fp4(ep + "w2"), b.fp4(ep + "w3")});
-  }
 }
 
 }  // namespace
@@ -163,10 +171,13 @@ ModelWeights::ModelWeights(const std::string& dir, const ModelConfig& config, st
     : config_(config), backend_(std::move(backend)), checkpoint_(std::make_unique<Checkpoint>(dir)) {
   if (!backend_) fail(dir, "weights need a backend");
   check_checkpoint(*checkpoint_, config_);
+  check_expert_share(config_, placement.share);
   Binder b(*checkpoint_, anon_bytes_);
-  embed = b.bf16("embed.weight");
-  head = b.bf16("head.weight");
-  norm = b.bf16("norm.weight");
+  if (placement.dense) {
+    embed = b.bf16("embed.weight");
+    head = b.bf16("head.weight");
+    norm = b.bf16("norm.weight");
+  }
   const auto roles = derive_layer_roles(config_);
   layers.resize(roles.size());
   for (const LayerRole& r : roles) {
@@ -174,11 +185,17 @@ ModelWeights::ModelWeights(const std::string& dir, const ModelConfig& config, st
     const std::string p = r.dspark ? "mtp." + std::to_string(r.layer - config_.n_layers) + "."
                                    : "layers." + std::to_string(r.layer) + ".";
     LayerWeights& L = layers[r.layer];
-    bind_block(b, config_, r, p, L);
+    if (placement.dense) bind_block(b, config_, r, p, L);
+    bind_experts(b, config_, r, p, placement.share, L.ffn);
     if (r.engram) {
       EngramWeights e;
-      e.table = std::make_shared<EngramStore>(checkpoint_->get(p + "engram.embed.weight"),
-                                              checkpoint_->get(p + "engram.embed.scale"), engram_tier);
+      const TensorView& table = checkpoint_->get(p + "engram.embed.weight");
+      e.table = std::make_shared<EngramStore>(table, checkpoint_->get(p + "engram.embed.scale"), engram_tier, 4,
+                                              placement.share.rows(table.shape()[0]));
+      if (!placement.dense) {
+        L.engram = std::move(e);
+        continue;
+      }
       e.wkv = b.fp8(p + "engram.wkv");
       std::vector<float> q = b.bf16_as_f32(p + "engram.q_weight"), k = b.bf16_as_f32(p + "engram.k_weight");
       e.qk.resize(q.size());
@@ -187,7 +204,7 @@ ModelWeights::ModelWeights(const std::string& dir, const ModelConfig& config, st
       L.engram = std::move(e);
     }
   }
-  if (config_.has_dspark()) {
+  if (config_.has_dspark() && placement.dense) {
     const std::string first = "mtp.0.", last = "mtp." + std::to_string(config_.n_mtp_layers - 1) + ".";
     dspark.main_proj = b.fp8(first + "main_proj");
     dspark.main_norm = b.bf16(first + "main_norm.weight");

@@ -15,6 +15,7 @@
 #include "io/engram_store.h"
 #include "io/safetensors.h"
 #include "kernels/backend.h"
+#include "model/expert_share.h"
 
 namespace dsv41 {
 
@@ -89,6 +90,12 @@ struct DsparkWeights {  // the extras of the first and last DSpark stages
 struct WeightPlacement {
   bool pack_dense = true;    // FP8 attention and shared experts, Engram wkv, the BF16 linears
   bool pack_experts = true;  // the FP4 routed experts
+  // An expert-parallel rank's share (model/expert_share.h): only its routed experts are bound (the
+  // others stay empty and their pages unread) and its Engram stores serve only its rows.
+  ExpertShare share = {};
+  // false: the routed experts and Engram tables alone, for a rank that runs no dense layer (the
+  // ranks other than the leading one; parallel/expert_follower.h).
+  bool dense = true;
 };
 
 class ModelWeights {

@@ -120,6 +120,7 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
     mo.kv_bytes = kv_reserve_bytes(load_config(options.model_dir), options.kv_budget_bytes, options.parallel);
     mo.prompt_cache_bytes = options.cache_ram_bytes;
     mo.prefill_chunk = options.prefill_chunk;
+    mo.expert_peers = options.expert_peers;
     MemoryPlan plan;
     m.model = load_model(options.model_dir, mo, &plan);
     cache_ram_bytes = plan.prompt_cache_bytes;

@@ -25,6 +25,7 @@ namespace dsv41 {
 
 class Backend;  // kernels/backend.h: what the model's math runs on
 class Model;    // model/model.h: the loaded weights and the forward pass
+class ExpertPeers;  // model/expert_peers.h: the other ranks of an expert-parallel job
 
 struct EngineOptions {
   std::string model_dir;
@@ -43,6 +44,9 @@ struct EngineOptions {
   // A model already loaded from model_dir (tools that run several engines on one model, such as
   // bench); null: the engine loads it, with `backend` and `engram`.
   std::shared_ptr<const Model> model;
+  // The other ranks of an expert-parallel job (`mpirun ... --expert-parallel`; parallel/): the engine's
+  // load binds only this rank's share of the routed experts and Engram rows. Null: one process.
+  std::shared_ptr<ExpertPeers> expert_peers;
   // Speculative decoding for requests that do not choose (RequestParams::speculative), and its draft
   // length (0: adaptive, from DSpark's confidence head). DSpark needs a model with mtp.* blocks.
   SpeculativeMethod speculative = SpeculativeMethod::Off;

@@ -1,0 +1,68 @@
+#include "expert_parallel.h"
+
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+
+#include "backend_env.h"
+#include "parallel/expert_follower.h"
+#include "util/error.h"
+
+namespace dsv41::cli {
+
+namespace {
+
+// The value of `flag` ("--model DIR", "--model=DIR", or a short alias "-m DIR"), or "".
+std::string flag_value(int argc, char** argv, const std::string& flag, const std::string& alias = "") {
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    if ((a == flag || (!alias.empty() && a == alias)) && i + 1 < argc) return argv[i + 1];
+    if (a.rfind(flag + "=", 0) == 0) return a.substr(flag.size() + 1);
+  }
+  return "";
+}
+
+}  // namespace
+
+bool wants_expert_parallel(int argc, char** argv) {
+  for (int i = 0; i < argc; ++i)
+    if (std::strcmp(argv[i], "--expert-parallel") == 0) return true;
+  return false;
+}
+
+int run_expert_parallel(const std::string& command, int argc, char** argv, int (*run)(int, char**, MpiJob*)) {
+  MpiJob job(nullptr, nullptr);
+  if (!job.leading()) {
+    // Rank 0 alone decides when the job ends (it tells the others when its command returns): a
+    // terminal's or mpirun's SIGINT/SIGTERM goes to rank 0's own handling (a server's graceful stop).
+    std::signal(SIGINT, SIG_IGN);
+    std::signal(SIGTERM, SIG_IGN);
+    try {
+      const std::string dir = flag_value(argc, argv, "--model", "-m");
+      if (dir.empty()) fail(command, "--model is required");
+      follow_leader(job, dir, backend_from_environment(), parse_engram_tier(flag_value(argc, argv, "--engram").empty()
+                                                                                ? "mmap"
+                                                                                : flag_value(argc, argv, "--engram")));
+    } catch (const Error& e) {
+      std::fprintf(stderr, "dsv41 %s (rank %d): error: %s\n", command.c_str(), job.rank(), e.what());
+      job.abort(1);
+    }
+    return 0;
+  }
+  try {
+    return run(argc, argv, &job);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "dsv41 %s: error: %s\n", command.c_str(), e.what());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dsv41 %s: internal error: %s\n", command.c_str(), e.what());
+  }
+  if (job.ranks() == 1) return 1;
+  job.abort(1);
+}
+
+std::shared_ptr<MpiExpertPeers> expert_peers_for(MpiJob* job, const std::string& dir) {
+  if (job == nullptr) fail("--expert-parallel", "is handled by the tool's entry point (a bug if seen)");
+  return std::make_shared<MpiExpertPeers>(*job, expert_parallel_fingerprint(dir));
+}
+
+}  // namespace dsv41::cli

@@ -1,5 +1,8 @@
 #include "expert_parallel.h"
 
+#include <pthread.h>
+#include <signal.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -31,7 +34,16 @@ bool wants_expert_parallel(int argc, char** argv) {
 }
 
 int run_expert_parallel(const std::string& command, int argc, char** argv, int (*run)(int, char**, MpiJob*)) {
+  // MPI starts threads of its own. SIGINT and SIGTERM are blocked while it does, so that none of
+  // them takes the signal (and dies of it) where `serve` waits for it on a thread of its own; the
+  // other commands unblock them again on this thread.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   MpiJob job(nullptr, nullptr);
+  if (command != "serve") pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
   if (!job.leading()) {
     // Rank 0 alone decides when the job ends (it tells the others when its command returns): a
     // terminal's or mpirun's SIGINT/SIGTERM goes to rank 0's own handling (a server's graceful stop).

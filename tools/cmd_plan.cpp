@@ -2,6 +2,9 @@
 // and steady resident bytes, the disk reads per decode token and the load time, from the config
 // alone; the same plan every command that loads the model follows.
 #include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "backend_env.h"
@@ -9,6 +12,7 @@
 #include "commands.h"
 #include "io/config.h"
 #include "model/memory_plan.h"
+#include "model/parallel_projection.h"
 #include "util/error.h"
 #include "util/host_memory.h"
 
@@ -35,6 +39,10 @@ when it loads (--ram on generate, serve, bench, ppl and chat).
       --hit-rate H       expert-cache hit rate to plan the disk reads with, 0..1 (default: the
                          fraction of the experts the cache holds, as for uniform routing)
       --disk-gbps X      disk read bandwidth for the load time, GB/s (default 2, an assumption)
+      --ranks N,N,..     also project an expert-parallel job of each size (mpirun -np N ... --expert-parallel):
+                         weight bytes per rank, bytes the ranks exchange per decode token (uniform routing),
+                         and the prefill/decode handover of a --prompt-tokens prompt
+      --prompt-tokens N  the handover's prompt length (default 131072)
       --json             one JSON object
 The backend's packing comes from the environment as for every command (DSV41_ISA, DSV41_PACK).
 )";
@@ -48,7 +56,7 @@ int run_plan(int argc, char** argv) {
   }
   Args args("plan", argc, argv,
             {"--model", "--ram", "--parallel", "--kv-budget-mb", "--cache-ram-mb", "--prefill-chunk", "--engram",
-             "--hit-rate", "--disk-gbps"},
+             "--hit-rate", "--disk-gbps", "--ranks", "--prompt-tokens"},
             {"--json"}, {{"-m", "--model"}});
   std::string path = args.get("--model", "");
   if (path.empty() == args.positional().empty() || args.positional().size() > 1) {
@@ -74,12 +82,37 @@ int run_plan(int argc, char** argv) {
   if (!(gbps > 0 && gbps < 1e4)) fail("--disk-gbps", "must be a positive bandwidth in GB/s");
   r.disk_bytes_per_s = gbps * 1e9;
   const MemoryPlan plan = plan_memory(config, r);
+  std::vector<ParallelProjection> jobs;
+  if (args.has("--ranks")) {
+    const int64_t prompt = args.get_int("--prompt-tokens", 131072, 1, int64_t{1} << 40);
+    std::stringstream list(args.get("--ranks"));
+    for (std::string item; std::getline(list, item, ',');) {
+      if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos || item.size() > 6)
+        fail("--ranks", "expects rank counts like 2,4,8, got \"" + args.get("--ranks") + "\"");
+      jobs.push_back(project_parallel(config, std::stoi(item), prompt));
+    }
+  }
 
   if (args.has("--json")) {
     nlohmann::json j = plan_to_json(plan);
     j["config"] = config.source;
     j["host"] = {{"total_bytes", host.total_bytes}, {"available_bytes", host.available_bytes},
                  {"cgroup_limit_bytes", host.cgroup_limit_bytes}, {"cgroup", host.cgroup}};
+    if (!jobs.empty()) {
+      j["expert_parallel"] = nlohmann::json::array();
+      for (const ParallelProjection& p : jobs) {
+        j["expert_parallel"].push_back({{"ranks", p.ranks},
+                                        {"dense_bytes", p.dense_bytes},
+                                        {"routed_expert_bytes", p.routed_bytes},
+                                        {"engram_table_bytes", p.engram_bytes},
+                                        {"rank0_bytes", p.rank0_bytes},
+                                        {"other_rank_bytes", p.other_rank_bytes},
+                                        {"exchanged_bytes_per_decode_token", p.exchanged_bytes_per_decode_token},
+                                        {"handover_prompt_tokens", p.prompt_tokens},
+                                        {"handover_exact_bytes", p.handover_exact_bytes},
+                                        {"handover_replay_bytes", p.handover_replay_bytes}});
+      }
+    }
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("model  %s\nhost   RAM %s, available %s", config.source.c_str(),
@@ -90,6 +123,20 @@ int run_plan(int argc, char** argv) {
                   host.cgroup.c_str());
     }
     std::printf("\n%s", plan_to_text(plan).c_str());
+    if (!jobs.empty()) {
+      std::printf("\nexpert-parallel projection (weights %s dense, %s routed experts, %s Engram tables)\n"
+                  "  ranks  rank 0 weights  other ranks  exchanged/decode token  handover of %lld tokens (exact / replay)\n",
+                  format_bytes(static_cast<double>(jobs[0].dense_bytes)).c_str(),
+                  format_bytes(static_cast<double>(jobs[0].routed_bytes)).c_str(),
+                  format_bytes(static_cast<double>(jobs[0].engram_bytes)).c_str(), static_cast<long long>(jobs[0].prompt_tokens));
+      for (const ParallelProjection& p : jobs) {
+        std::printf("  %5d  %14s  %11s  %22s  %s / %s\n", p.ranks, format_bytes(static_cast<double>(p.rank0_bytes)).c_str(),
+                    format_bytes(static_cast<double>(p.other_rank_bytes)).c_str(),
+                    format_bytes(p.exchanged_bytes_per_decode_token).c_str(),
+                    format_bytes(static_cast<double>(p.handover_exact_bytes)).c_str(),
+                    format_bytes(static_cast<double>(p.handover_replay_bytes)).c_str());
+      }
+    }
   }
   return plan.fits() ? 0 : 1;
 }

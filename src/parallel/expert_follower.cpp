@@ -10,11 +10,21 @@
 #include "model/moe.h"
 #include "model/weights.h"
 #include "parallel/exchange.h"
+#include "parallel/mpi_wait.h"
 #include "util/error.h"
 
 namespace dsv41 {
 
 namespace {
+
+// Starts a nonblocking collective and waits for it politely (parallel/mpi_wait.h). Every rank uses
+// the nonblocking form, which MPI matches only with its own kind.
+template <typename Start>
+void wait_for(Start start) {
+  MPI_Request request;
+  start(&request);
+  wait_politely(request);
+}
 
 class Follower {
  public:
@@ -44,7 +54,7 @@ class Follower {
  private:
   void hello(const JobCommand& c) {
     const int64_t match = std::stoull(fingerprint_, nullptr, 16) == static_cast<uint64_t>(c.a) ? 1 : 0;
-    MPI_Gather(&match, 1, MPI_INT64_T, nullptr, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    wait_for([&](MPI_Request* r) { return MPI_Igather(&match, 1, MPI_INT64_T, nullptr, 1, MPI_INT64_T, 0, MPI_COMM_WORLD, r); });
   }
 
   // One MoE layer: the routing, the rows of this share's tokens, its experts, their outputs back.
@@ -54,8 +64,8 @@ class Follower {
     if (layer < 0 || layer >= static_cast<int>(weights_->layers.size())) fail("expert parallel", "no MoE layer " + std::to_string(layer));
     std::vector<int32_t> experts(static_cast<size_t>(s * k));
     std::vector<float> weights(static_cast<size_t>(s * k));
-    MPI_Bcast(experts.data(), static_cast<int>(s * k), MPI_INT32_T, 0, MPI_COMM_WORLD);
-    MPI_Bcast(weights.data(), static_cast<int>(s * k), MPI_FLOAT, 0, MPI_COMM_WORLD);
+    wait_for([&](MPI_Request* r) { return MPI_Ibcast(experts.data(), static_cast<int>(s * k), MPI_INT32_T, 0, MPI_COMM_WORLD, r); });
+    wait_for([&](MPI_Request* r) { return MPI_Ibcast(weights.data(), static_cast<int>(s * k), MPI_FLOAT, 0, MPI_COMM_WORLD, r); });
     const int64_t n_experts = config_.routed_experts(layer);
     const MoeDispatch d = be_->moe_dispatch(experts.data(), weights.data(), s, k, n_experts);
     const auto [first, end] = share_.experts(n_experts);
@@ -65,8 +75,8 @@ class Follower {
     std::vector<int> counts(static_cast<size_t>(n), 0), displs(static_cast<size_t>(n), 0);
     counts[0] = static_cast<int>(tokens.size() * static_cast<size_t>(dim));
     uint16_t nothing = 0;
-    MPI_Alltoallv(&nothing, displs.data(), displs.data(), MPI_UINT16_T, rows.data(), counts.data(), displs.data(),
-                  MPI_UINT16_T, MPI_COMM_WORLD);
+    wait_for([&](MPI_Request* r) { return MPI_Ialltoallv(&nothing, displs.data(), displs.data(), MPI_UINT16_T, rows.data(), counts.data(), displs.data(),
+                  MPI_UINT16_T, MPI_COMM_WORLD, r); });
     std::vector<float> x(static_cast<size_t>(s * dim), 0.0f);
     for (size_t i = 0; i < tokens.size(); ++i) bf16_to_floats(&rows[i * static_cast<size_t>(dim)], dim, &x[static_cast<size_t>(tokens[i] * dim)]);
     const int64_t from = d.offsets[static_cast<size_t>(first)], to = d.offsets[static_cast<size_t>(end)];
@@ -77,8 +87,8 @@ class Follower {
     floats_to_bf16(&routed[static_cast<size_t>(from * dim)], (to - from) * dim, out.data());
     std::vector<int> send_counts(static_cast<size_t>(n), 0), none(static_cast<size_t>(n), 0);
     send_counts[0] = static_cast<int>((to - from) * dim);
-    MPI_Alltoallv(out.data(), send_counts.data(), none.data(), MPI_UINT16_T, &nothing, none.data(), none.data(),
-                  MPI_UINT16_T, MPI_COMM_WORLD);
+    wait_for([&](MPI_Request* r) { return MPI_Ialltoallv(out.data(), send_counts.data(), none.data(), MPI_UINT16_T, &nothing, none.data(), none.data(),
+                  MPI_UINT16_T, MPI_COMM_WORLD, r); });
   }
 
   // One Engram gather: the ids asked of this share, their codes and scales back.
@@ -88,13 +98,13 @@ class Follower {
     EngramStore& table = *weights_->layers[static_cast<size_t>(config_.engram_layer_ids[slot])].engram->table;
     const int64_t n = job_.ranks(), rb = table.row_bytes(), sb = table.scale_bytes();
     int mine = 0;
-    MPI_Scatter(nullptr, 1, MPI_INT, &mine, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    wait_for([&](MPI_Request* r) { return MPI_Iscatter(nullptr, 1, MPI_INT, &mine, 1, MPI_INT, 0, MPI_COMM_WORLD, r); });
     std::vector<int64_t> ids(static_cast<size_t>(std::max(1, mine)));
     std::vector<int> counts(static_cast<size_t>(n), 0), none(static_cast<size_t>(n), 0);
     counts[0] = mine;
     int64_t no_id = 0;
-    MPI_Alltoallv(&no_id, none.data(), none.data(), MPI_INT64_T, ids.data(), counts.data(), none.data(), MPI_INT64_T,
-                  MPI_COMM_WORLD);
+    wait_for([&](MPI_Request* r) { return MPI_Ialltoallv(&no_id, none.data(), none.data(), MPI_INT64_T, ids.data(), counts.data(), none.data(), MPI_INT64_T,
+                  MPI_COMM_WORLD, r); });
     ids.resize(static_cast<size_t>(mine));
     std::vector<uint8_t> codes(ids.size() * static_cast<size_t>(rb)), scales(ids.size() * static_cast<size_t>(sb));
     table.gather(table.prefetch(ids), codes.data(), scales.data());
@@ -106,13 +116,13 @@ class Follower {
     std::vector<int> send_counts(static_cast<size_t>(n), 0);
     send_counts[0] = static_cast<int>(ids.size() * static_cast<size_t>(rb + sb));
     uint8_t nothing = 0;
-    MPI_Alltoallv(back.data(), send_counts.data(), none.data(), MPI_UINT8_T, &nothing, none.data(), none.data(),
-                  MPI_UINT8_T, MPI_COMM_WORLD);
+    wait_for([&](MPI_Request* r) { return MPI_Ialltoallv(back.data(), send_counts.data(), none.data(), MPI_UINT8_T, &nothing, none.data(), none.data(),
+                  MPI_UINT8_T, MPI_COMM_WORLD, r); });
   }
 
   void report() {
     const uint64_t mine = resident_bytes();
-    MPI_Gather(&mine, 1, MPI_UINT64_T, nullptr, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    wait_for([&](MPI_Request* r) { return MPI_Igather(&mine, 1, MPI_UINT64_T, nullptr, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD, r); });
   }
 
   MpiJob& job_;

@@ -1,4 +1,5 @@
 #include "parallel/mpi_job.h"
+#include "parallel/mpi_wait.h"
 
 #include <mpi.h>
 #include <unistd.h>
@@ -51,21 +52,7 @@ JobCommand MpiJob::receive() const {
   int64_t words[4] = {0, 0, 0, 0};
   MPI_Request request;
   MPI_Irecv(words, 4, MPI_INT64_T, 0, kCommandTag, MPI_COMM_WORLD, &request);
-  // A command usually follows the last one within a layer's attention (microseconds to
-  // milliseconds); between requests of a server it may take hours. Polling a while, then sleeping
-  // longer and longer (up to a millisecond), keeps both cheap.
-  auto nap = std::chrono::microseconds(0);
-  for (int polls = 0;; ++polls) {
-    int done = 0;
-    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-    if (done) break;
-    if (polls < 200) {
-      std::this_thread::yield();
-      continue;
-    }
-    nap = std::min(std::chrono::microseconds(1000), std::max(std::chrono::microseconds(20), nap * 2));
-    std::this_thread::sleep_for(nap);
-  }
+  wait_politely(request);
   return {static_cast<JobOp>(words[0]), words[1], words[2], words[3]};
 }
 
@@ -74,6 +61,24 @@ void MpiJob::abort(int status) const {
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, status);
   std::_Exit(status);  // MPI_Abort does not return; this only tells the compiler
+}
+
+void wait_politely(MPI_Request& request) {
+  using std::chrono::microseconds;
+  const auto start = std::chrono::steady_clock::now();
+  auto nap = microseconds(0);
+  for (int polls = 0;; ++polls) {
+    int done = 0;
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    if (polls < 100) {
+      std::this_thread::yield();
+      continue;
+    }
+    const bool idle = std::chrono::steady_clock::now() - start > std::chrono::milliseconds(20);
+    nap = std::min(idle ? microseconds(1000) : microseconds(50), std::max(microseconds(10), nap * 2));
+    std::this_thread::sleep_for(nap);
+  }
 }
 
 uint64_t resident_bytes() {

@@ -180,6 +180,34 @@ TEST(EngramStoreTest, TicketsGatherInAnyOrder) {
   }
 }
 
+// An expert-parallel rank's store holds one share of the rows: each tier gives the mapped bytes of
+// those rows, and a row of another share is an Error naming the rows held.
+TEST(EngramStoreTest, AShareServesItsRowsAndRefusesTheOthers) {
+  const Checkpoint ckpt(tiny_dir());
+  const TensorView& table = ckpt.get(table_name(1));
+  const TensorView& scale = ckpt.get(scale_name(1));
+  const int64_t rows = table.shape()[0], first = rows / 3, end = 2 * rows / 3;
+  std::vector<int64_t> ids;
+  for (int64_t id : random_ids(end - first, 200, 5)) ids.push_back(first + id);
+  for (EngramTier tier : kTiers) {
+    SCOPED_TRACE(engram_tier_name(tier));
+    EngramStore store(table, scale, tier, 2, {first, end});
+    EXPECT_EQ(store.held(), std::make_pair(first, end));
+    const Rows got = gather_rows(store, ids);
+    EXPECT_EQ(got.codes, expected_rows(table, scale, ids).codes);
+    EXPECT_EQ(got.scales, expected_rows(table, scale, ids).scales);
+    for (int64_t other : {first - 1, end, int64_t{0}}) {
+      try {
+        store.prefetch({first, other});
+        FAIL() << "expected an Error for row " << other;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("held here"), std::string::npos) << e.what();
+      }
+    }
+  }
+  EXPECT_THROW(EngramStore(table, scale, EngramTier::Mmap, 1, {2, rows + 1}), Error);
+}
+
 TEST(EngramStoreTest, RowOutOfRangeIsAnErrorNamingTheLayerAndRow) {
   const Checkpoint ckpt(tiny_dir());
   const TensorView& table = ckpt.get(table_name(1));

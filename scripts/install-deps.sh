@@ -11,6 +11,7 @@ packages=(
   libboost-dev                                     # Beast and Asio: the HTTP server (dsv41 serve)
   libcpp-httplib-dev                               # an independent HTTP client for the server tests
   openmpi-bin libopenmpi-dev                       # the expert-parallel job (mpirun ... --expert-parallel)
+  libucx-dev                                       # the prefill/decode handover (serve --role)
   clang libclang-rt-dev                            # libFuzzer for the parser fuzz targets
   python3 python3-numpy                            # the NumPy RNG the Engram constants must match
 )

@@ -3,6 +3,8 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <future>
+#include <memory>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -16,6 +18,9 @@
 #include "io/engram_store.h"
 #include "runtime/engine.h"
 #include "runtime/prefix_cache.h"
+#include "state/state_graph.h"
+#include "io/layer_roles.h"
+#include "transfer/prefill_link.h"
 #include "server/access_policy.h"
 #include "server/http_server.h"
 #include "util/error.h"
@@ -57,6 +62,14 @@ constexpr const char* kHelp = R"(usage: dsv41 serve -m DIR [options]
                              names are accepted as aliases
       --api-key KEY          require "Authorization: Bearer KEY" on /v1/ routes, /tokenize, /detokenize
       --api-key-file FILE    the same, with the key read from FILE (its first line), kept out of `ps`
+      --role R               both (default), prefill or decode: prefill/decode disaggregation
+                             (docs/distributed.md). prefill: also answers decode servers' handovers over
+                             UCX at --handover-listen HOST:PORT (default: --host, a free port, printed).
+                             decode: prompts of two blocks or more are prefilled by --prefill-peer
+                             HOST:PORT and their state handed over, --handover exact (the window rings
+                             too, default) or replay (the last window replayed here); a prefill server
+                             that fails is logged and the prompt prefilled here. --handover-timeout S
+                             bounds one handover (default 600)
       --cors-origins LIST    comma-separated origins web pages may call from ("*": any); default none,
                              and a request with an Origin header not listed is refused (403)
       --log-requests         one line per request on stderr
@@ -98,6 +111,23 @@ std::string read_key_file(const std::string& path) {
   return line.substr(b, line.find_last_not_of(" \t\r") - b + 1);
 }
 
+// A prefill server's answer to a decode server: the prompt prefilled through the engine (with every
+// other request it runs) and its state as prompt-cache entry bytes.
+std::vector<uint8_t> prefill_for_peer(Engine& engine, const std::vector<int32_t>& tokens, CacheMode mode) {
+  RequestParams p;
+  p.prompt = tokens;
+  p.max_tokens = 0;
+  p.export_state = mode;
+  std::promise<TokenEvent> done;
+  std::future<TokenEvent> final_event = done.get_future();
+  engine.submit(std::move(p), [&done](const TokenEvent& e) {
+    if (e.done) done.set_value(e);
+  });
+  const TokenEvent e = final_event.get();
+  if (e.finish_reason == "error" || !e.exported_state) fail("prefill", e.error.empty() ? "ended without a state" : e.error);
+  return *e.exported_state;
+}
+
 }  // namespace
 
 int run_serve(int argc, char** argv, MpiJob* job) {
@@ -109,7 +139,8 @@ int run_serve(int argc, char** argv, MpiJob* job) {
             {"--model", "--host", "--port", "--parallel", "--kv-budget-mb", "--prompt-cache", "--cache-mode",
              "--cache-ram-mb", "--prefill-chunk", "--engram", "--ram", "--threads", "--thinking", "--default-max-tokens",
              "--served-model-name", "--api-key", "--api-key-file", "--cors-origins", "--max-connections", "--prompt-cache-disk-mb",
-             "--request-timeout", "--header-timeout", "--body-timeout", "--speculative", "--draft-length"},
+             "--request-timeout", "--header-timeout", "--body-timeout", "--speculative", "--draft-length",
+             "--role", "--prefill-peer", "--handover", "--handover-listen", "--handover-timeout"},
             {"--log-requests", "--test-hooks", "--expert-parallel"}, {{"-m", "--model"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
 
@@ -129,6 +160,24 @@ int run_serve(int argc, char** argv, MpiJob* job) {
   if (spec != "dspark" && spec != "off") fail("--speculative", "must be dspark or off, got \"" + spec + "\"");
   eo.speculative = spec == "dspark" ? SpeculativeMethod::DSpark : SpeculativeMethod::Off;
   eo.draft_length = static_cast<int>(args.get_int("--draft-length", 0, 0, 1 << 16));
+  const std::string role = args.get("--role", "both");
+  if (role != "both" && role != "prefill" && role != "decode")
+    fail("--role", "must be both, prefill or decode, got \"" + role + "\"");
+  if (role != "decode" && (args.has("--prefill-peer") || args.has("--handover") || args.has("--handover-timeout")))
+    fail(args.has("--prefill-peer") ? "--prefill-peer" : args.has("--handover") ? "--handover" : "--handover-timeout",
+         "belongs to --role decode");
+  if (role != "prefill" && args.has("--handover-listen")) fail("--handover-listen", "belongs to --role prefill");
+  if (role == "decode") {
+    const UcxAddress peer = parse_ucx_address(args.required("--prefill-peer"), "--prefill-peer");
+    eo.handover = parse_cache_mode(args.get("--handover", "exact"));
+    const auto timeout = std::chrono::seconds(args.get_int("--handover-timeout", 600, 1, 86400));
+    // the most a handover can hold: the model's whole context of state, and headroom for the format
+    const ModelConfig config = load_config(eo.model_dir);
+    const StateGraph graph = build_state_graph(config, derive_layer_roles(config));
+    const uint64_t most = static_cast<uint64_t>(graph.global_bytes_per_token() * static_cast<double>(config.max_seq_len)) +
+                          static_cast<uint64_t>(graph.fixed_bytes_per_sequence()) + (uint64_t{64} << 20);
+    eo.prefill_peer = std::make_shared<UcxPrefillPeer>(peer, most, timeout);
+  }
 
   server::ServerOptions so;
   so.host = args.get("--host", "127.0.0.1");
@@ -161,11 +210,23 @@ int run_serve(int argc, char** argv, MpiJob* job) {
 
   eo.backend = backend_from_environment();
   Engine engine(eo);
+  std::unique_ptr<PrefillListener> handover;
+  std::string role_note;
+  if (role == "prefill") {
+    UcxAddress at = parse_ucx_address(args.get("--handover-listen", so.host + ":0"), "--handover-listen");
+    handover = std::make_unique<PrefillListener>(
+        at, [&engine](const std::vector<int32_t>& tokens, CacheMode mode) { return prefill_for_peer(engine, tokens, mode); },
+        engine.config().max_seq_len);
+    at.port = handover->port();
+    role_note = "; prefill role, handover on ucx " + at.text();
+  } else if (role == "decode") {
+    role_note = "; decode role, prefill peer " + args.get("--prefill-peer") + ", " + cache_mode_name(eo.handover) + " handover";
+  }
   server::HttpServer server(engine, so);
   const int port = server.bind();
-  std::printf("dsv41 serve: listening on http://%s:%d (model %s, parallel %d)\n", so.host.c_str(), port,
+  std::printf("dsv41 serve: listening on http://%s:%d (model %s, parallel %d%s)\n", so.host.c_str(), port,
               so.served_model_names.empty() ? engine.model_name().c_str() : so.served_model_names.front().c_str(),
-              eo.parallel);
+              eo.parallel, role_note.c_str());
   if (so.api_key.empty() && !server::is_loopback_address(so.host)) {
     std::fprintf(stderr, "dsv41 serve: warning: %s is reachable from other machines and no --api-key is set\n",
                  so.host.c_str());

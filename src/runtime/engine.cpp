@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <deque>
 #include <filesystem>
+#include <future>
 #include <mutex>
 #include <new>
 #include <thread>
@@ -15,9 +16,11 @@
 #include "io/layer_roles.h"
 #include "model/dspark.h"
 #include "model/model.h"
+#include "runtime/prefill_peer.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "runtime/speculative.h"
+#include "state/disk_cache.h"
 #include "state/sequence_snapshot.h"
 #include "state/state_graph.h"
 #include "util/error.h"
@@ -63,6 +66,10 @@ struct Engine::Impl {
     std::vector<float> stop_logits;  // its row (return_logits)
     bool started = false;   // its first token has been sampled
     bool finished = false;  // its final event was sent
+    // a decode server's: the prefill server's answer for the prompt's prefix, while it is awaited
+    std::future<std::vector<uint8_t>> handover;
+    bool handover_asked = false;
+    std::shared_ptr<const std::vector<uint8_t>> exported;  // export_state: for the final event
     std::chrono::steady_clock::time_point submitted, admitted;
   };
 
@@ -78,6 +85,7 @@ struct Engine::Impl {
   mutable std::mutex mu;
   std::condition_variable cv;
   bool stopping = false;
+  bool handover_arrived = false;  // a prefill server answered (wakes an idle scheduler)
   uint64_t next_id = 1;
   std::deque<std::unique_ptr<Request>> queue;
   std::vector<uint64_t> cancels;
@@ -96,7 +104,9 @@ struct Engine::Impl {
   bool advance(Request& r);
   bool emit(Request& r, int32_t token, const float* logits);
   void sample_and_emit(Request& r, const std::vector<float>& logits, int64_t vocab);
-  void start(Request& r);
+  void start(Request& r, const CacheEntry* handed = nullptr);
+  bool await_handover(Request& r);
+  void export_prompt_state(Request& r);
   void count_speculation(const SpeculativeStats& before, const SpeculativeStats& after);
 };
 
@@ -200,6 +210,9 @@ uint64_t Engine::submit(RequestParams params, EventSink sink) {
   if (static_cast<double>(total + kTokensPerPage) * m.bytes_per_token > static_cast<double>(m.opt.kv_budget_bytes)) {
     fail("max_tokens", "the request needs more KV memory than the server's whole budget");
   }
+  if (params.export_state && (params.max_tokens != 0 || params.prompt.size() % kTokensPerPage != 0)) {
+    fail("export_state", "needs max_tokens 0 and a prompt of whole " + std::to_string(kTokensPerPage) + "-token blocks");
+  }
   Sampler probe(params.sampling);  // validates temperature and top_p
   (void)probe;
   auto r = std::make_unique<Impl::Request>();
@@ -284,6 +297,7 @@ void Engine::Impl::finish(Request& r, const std::string& reason, const std::stri
   e.cached_tokens = r.cached_tokens;
   e.stop_token = r.stop_token;
   e.logits = std::move(r.stop_logits);
+  e.exported_state = std::move(r.exported);
   {
     // counted before the client hears of it, so a client that reads the metrics sees its request
     std::lock_guard<std::mutex> lock(mu);
@@ -395,7 +409,7 @@ void Engine::Impl::fail_request(Request& r, const std::exception& e) {
 
 // A request's sequence: its session with the request's modes (the prompt cache only for the keys it
 // holds), and the drafter and its speculative decoder when it speculates.
-void Engine::Impl::start(Request& r) {
+void Engine::Impl::start(Request& r, const CacheEntry* handed) {
   const RequestParams& p = r.params;
   SessionOptions so;
   so.prefill_mode = p.prefill_mode;
@@ -413,13 +427,83 @@ void Engine::Impl::start(Request& r) {
     spo.guard.enabled = p.acceptance_guard;
     r.spec = std::make_unique<SpeculativeDecoder>(*r.session, *drafter, *r.sampler, spo);
   }
-  r.session->begin_prefill(p.prompt);
+  r.session->begin_prefill(p.prompt, handed);
   r.cached_tokens = r.session->cache_hit().cached_tokens;
+  if (handed == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu);
+  if (r.session->cache_hit().source == "peer") {
+    ++stats.handovers;
+    stats.handover_tokens += static_cast<uint64_t>(r.cached_tokens);
+  } else {
+    ++stats.handover_fallbacks;
+    log("request " + std::to_string(r.id) + ": the prefill server's state was refused (" +
+        r.session->handover_refusal() + "); prefilling here");
+  }
+}
+
+// A decode server's request, before its session starts: asks the prefill server for the prompt's
+// prefix (once) and returns true when the session may start, with `entry` holding what arrived. A
+// prompt shorter than two blocks, or not in the handover's reach, starts at once and prefills here.
+bool Engine::Impl::await_handover(Request& r) {
+  const RequestParams& p = r.params;
+  if (!r.handover_asked) {
+    r.handover_asked = true;
+    const int64_t n = static_cast<int64_t>(p.prompt.size());
+    const int64_t boundary = PrefixCache::usable_boundary(n);
+    const bool exact = opt.handover == CacheMode::Exact;
+    if (p.index_keys != IndexKeysMode::Owner || p.prefill_mode != PrefillMode::Exact || boundary < 2 * kTokensPerPage ||
+        (exact && boundary < model->config().window_size)) {
+      return true;
+    }
+    std::vector<int32_t> prefix(p.prompt.begin(), p.prompt.begin() + boundary);
+    r.handover = std::async(std::launch::async, [this, peer = opt.prefill_peer, prefix = std::move(prefix),
+                                                 mode = opt.handover]() {
+      struct Wake {  // however the call ends, the scheduler looks again
+        Impl* m;
+        ~Wake() {
+          std::lock_guard<std::mutex> lock(m->mu);
+          m->handover_arrived = true;
+          m->cv.notify_all();
+        }
+      } wake{this};
+      return peer->prefill(prefix, mode);
+    });
+  }
+  return !r.handover.valid() || r.handover.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+}
+
+// A prefill server's request, after its prompt: the state as entry bytes for the final event.
+void Engine::Impl::export_prompt_state(Request& r) {
+  const CacheEntry e = export_state(*model, r.params.prompt, r.session->state(), *r.params.export_state);
+  r.exported = std::make_shared<const std::vector<uint8_t>>(encode_cache_entry(e, "the prompt's state"));
 }
 
 // One request's part of a step outside the decode batch: its cache restore and prefill chunks, then
 // its first token. Returns true when it is ready to join the decode batch.
 bool Engine::Impl::advance(Request& r) {
+  if (!r.session && opt.prefill_peer) {
+    if (!await_handover(r)) return false;
+    std::optional<CacheEntry> entry;
+    if (r.handover.valid()) {
+      std::string why;
+      try {
+        const std::vector<uint8_t> bytes = r.handover.get();
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          stats.handover_bytes += bytes.size();
+        }
+        entry = decode_cache_entry(bytes.data(), bytes.size(), model->fingerprint(), "the prefill server's handover", &why);
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+      if (!entry) {
+        std::lock_guard<std::mutex> lock(mu);
+        ++stats.handover_fallbacks;
+        log("request " + std::to_string(r.id) + ": no state from the prefill server (" + why + "); prefilling here");
+      }
+    }
+    start(r, entry ? &*entry : nullptr);
+  }
   if (!r.session) start(r);
   if (r.session->prefill_pending()) {
     r.session->prefill_step(opt.prefill_chunk);
@@ -431,6 +515,7 @@ bool Engine::Impl::advance(Request& r) {
   if (!r.started) {  // the first token comes from the prefill's logits
     r.started = true;
     if (r.params.max_tokens == 0) {
+      if (r.params.export_state) export_prompt_state(r);
       finish(r, "length");
       return false;
     }
@@ -570,7 +655,18 @@ void Engine::Impl::loop() {
                                    return r->finished;
                                  }),
                   running.end());
-    std::lock_guard<std::mutex> lock(mu);
+    // Every running request waits for its prefill server: sleep until one answers or news comes (the
+    // answer's wake-up can come just before its future is ready, hence the bound on the sleep).
+    const bool only_waiting = !running.empty() && std::all_of(running.begin(), running.end(), [](const auto& r) {
+      return !r->session && r->handover.valid() &&
+             r->handover.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+    });
+    std::unique_lock<std::mutex> lock(mu);
+    if (only_waiting) {
+      cv.wait_for(lock, std::chrono::milliseconds(2),
+                  [&] { return stopping || handover_arrived || !queue.empty() || !cancels.empty(); });
+    }
+    handover_arrived = false;
     ++stats.steps_total;
     stats.last_batch_size = batch;
     stats.requests_running = running.size();

@@ -26,6 +26,7 @@ namespace dsv41 {
 class Backend;  // kernels/backend.h: what the model's math runs on
 class Model;    // model/model.h: the loaded weights and the forward pass
 class ExpertPeers;  // model/expert_peers.h: the other ranks of an expert-parallel job
+class PrefillPeer;  // runtime/prefill_peer.h: a prefill server (serve --role decode)
 
 struct EngineOptions {
   std::string model_dir;
@@ -47,6 +48,12 @@ struct EngineOptions {
   // The other ranks of an expert-parallel job (`mpirun ... --expert-parallel`; parallel/): the engine's
   // load binds only this rank's share of the routed experts and Engram rows. Null: one process.
   std::shared_ptr<ExpertPeers> expert_peers;
+  // A decode server's prefill server: a prompt of at least two blocks is prefilled there up to its
+  // last usable block boundary and its state handed over in `handover` mode (exact: with the window
+  // rings; replay: the decode side replays the last window). A handover that fails or does not fit
+  // is logged and the prompt prefilled here: the request never sees it. Null: prefill here.
+  std::shared_ptr<PrefillPeer> prefill_peer;
+  CacheMode handover = CacheMode::Exact;
   // Speculative decoding for requests that do not choose (RequestParams::speculative), and its draft
   // length (0: adaptive, from DSpark's confidence head). DSpark needs a model with mtp.* blocks.
   SpeculativeMethod speculative = SpeculativeMethod::Off;
@@ -81,6 +88,9 @@ struct RequestParams {
   // Called on the scheduler thread after every prefill chunk: prompt tokens done (cached ones
   // included) and the prompt's length.
   std::function<void(int64_t done, int64_t total)> prefill_progress;
+  // A prefill server's request (serve --role prefill): with max_tokens 0 and a prompt of whole 64-token
+  // blocks, the final event carries the state after the prompt as a prompt-cache entry of this mode.
+  std::optional<CacheMode> export_state;
 };
 
 // What a finished request did, on its final event.
@@ -109,6 +119,8 @@ struct TokenEvent {
   double queue_seconds = -1;  // on the first token's event: from submit until the request was admitted
   int32_t stop_token = -1;    // at done: the end-of-sentence token that ended it, if one did
   RequestReport report;       // at done
+  // at done, for RequestParams::export_state: the prompt's state as prompt-cache entry bytes
+  std::shared_ptr<const std::vector<uint8_t>> exported_state;
 };
 
 // Called on the scheduler thread; must be quick and must not call back into the engine.
@@ -136,6 +148,9 @@ struct EngineMetrics {
   uint64_t expert_cache_capacity_bytes = 0, expert_cache_resident_bytes = 0;
   uint64_t expert_cache_hits = 0, expert_cache_misses = 0, expert_cache_evictions = 0, expert_cache_bytes_read = 0;
   double expert_cache_read_seconds = 0;
+  // Prefill/decode handovers (a decode server's): prompts prefilled by the peer, their tokens and the
+  // bytes received for them, and the handovers that failed or were refused (prefilled here instead).
+  uint64_t handovers = 0, handover_tokens = 0, handover_bytes = 0, handover_fallbacks = 0;
 };
 
 class Engine {

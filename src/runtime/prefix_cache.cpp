@@ -165,6 +165,49 @@ bool PrefixCache::restore_entry(const std::vector<int32_t>& prompt, const std::s
   return true;
 }
 
+CacheHit PrefixCache::restore_handed(const std::vector<int32_t>& prompt, const CacheEntry& entry, SequenceState& state,
+                                     int64_t tail_start) {
+  const int64_t n = static_cast<int64_t>(entry.tokens.size());
+  const auto refuse = [&](const std::string& why) { fail("handed-over state", why); };
+  if (state.length() != 0) refuse("restores only into a fresh sequence");
+  if (entry.mode != "exact" && entry.mode != "replay") refuse("mode '" + entry.mode + "' is neither exact nor replay");
+  if (n <= 0 || n % kTokensPerPage != 0 || n > usable_boundary(static_cast<int64_t>(prompt.size())))
+    refuse("covers " + std::to_string(n) + " tokens, not a block boundary short of the prompt's end");
+  if (!std::equal(entry.tokens.begin(), entry.tokens.end(), prompt.begin())) refuse("is not of this prompt's prefix");
+  if (entry.mode == "exact" && n < model_.config().window_size) refuse("exact state inside the first window");
+  SequenceState st = model_.new_sequence(pools_);
+  if (!load_global_row_sections(st, model_.config(), entry.sections, n)) refuse("its rows do not fit this model");
+  set_restored_length(st, n);
+  CacheHit hit;
+  if (entry.mode == "exact") {
+    const std::optional<ShortState> s = short_state_of_sections(entry.sections, model_.config(), st);
+    if (!s) refuse("its window snapshot does not fit this model");
+    s->apply_to(st);
+  } else {
+    replay(prompt, n, st, tail_start, hit);
+  }
+  state = std::move(st);
+  hit.cached_tokens = n;
+  hit.source = "peer";
+  return hit;
+}
+
+CacheEntry export_state(const Model& model, const std::vector<int32_t>& tokens, const SequenceState& st, CacheMode mode) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (st.length() != n || n <= 0 || n % kTokensPerPage != 0)
+    fail("state export", "takes whole blocks of " + std::to_string(kTokensPerPage) + " tokens at the sequence's end");
+  CacheEntry e;
+  e.model_fingerprint = model.fingerprint();
+  e.mode = cache_mode_name(mode);
+  e.tokens = tokens;
+  e.sections = global_row_sections(st);
+  if (mode == CacheMode::Exact) {
+    std::vector<CacheSection> short_state = short_state_sections(st);
+    e.sections.insert(e.sections.end(), std::make_move_iterator(short_state.begin()), std::make_move_iterator(short_state.end()));
+  }
+  return e;
+}
+
 uint64_t PrefixCache::store(const std::vector<int32_t>& tokens, const SequenceState& st) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (st.length() != n || n <= 0 || n % kTokensPerPage != 0) {
@@ -202,16 +245,7 @@ uint64_t PrefixCache::store(const std::vector<int32_t>& tokens, const SequenceSt
   }
   if (!disk_) return 0;
 
-  CacheEntry e;
-  e.model_fingerprint = model_.fingerprint();
-  e.mode = cache_mode_name(mode_);
-  e.tokens = tokens;
-  e.sections = global_row_sections(st);
-  if (mode_ == CacheMode::Exact) {
-    std::vector<CacheSection> short_state = short_state_sections(st);
-    e.sections.insert(e.sections.end(), std::make_move_iterator(short_state.begin()), std::make_move_iterator(short_state.end()));
-  }
-  return disk_->store(e);  // never throws: a failed write leaves the request uncached
+  return disk_->store(export_state(model_, tokens, st, mode_));  // never throws: a failed write leaves the request uncached
 }
 
 }  // namespace dsv41

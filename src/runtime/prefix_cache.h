@@ -31,7 +31,7 @@ namespace dsv41 {
 struct CacheHit {
   int64_t cached_tokens = 0;    // prompt tokens whose state came from the cache
   int64_t replayed_tokens = 0;  // tokens re-run to rebuild windows (replay mode)
-  std::string source = "none";  // "none", "ram" or "disk"
+  std::string source = "none";  // "none", "ram", "disk" or "peer" (a prefill server's handover)
 };
 
 struct DiskTierOptions {
@@ -64,6 +64,13 @@ class PrefixCache {
   // mode this runs the bounded replay; `tail_start` is where the prompt's tail (the decoder's rows)
   // begins, -1 for the exact path.
   CacheHit restore(const std::vector<int32_t>& prompt, SequenceState& state, int64_t tail_start);
+
+  // Restores `entry`, the state after a block-aligned prefix of `prompt` that another server
+  // prefilled (serve --role decode), into `state` (a fresh sequence): as a disk entry of the entry's
+  // own mode, exact or replayed. Error naming what does not fit (not a prefix of the prompt, not on
+  // a usable boundary, rows or windows of another shape); `state` is then untouched.
+  CacheHit restore_handed(const std::vector<int32_t>& prompt, const CacheEntry& entry, SequenceState& state,
+                          int64_t tail_start);
 
   // Records the state after `tokens` (state.length == tokens.size(), a multiple of kTokensPerPage) in
   // RAM and, with a disk tier, in a file. Returns the bytes written to disk: 0 without a disk tier and
@@ -102,5 +109,10 @@ class PrefixCache {
   PrefixTree::EntryId next_entry_ = 0;
   uint64_t clock_ = 0;
 };
+
+// The state after `tokens` (st.length == tokens.size(), whole blocks) as a prompt-cache entry of
+// `mode`: the global rows, and for exact the short-lived state too. What the disk tier writes and a
+// prefill server hands over.
+CacheEntry export_state(const Model& model, const std::vector<int32_t>& tokens, const SequenceState& st, CacheMode mode);
 
 }  // namespace dsv41

@@ -11,7 +11,7 @@ Session::Session(const Model& model, StatePools& pools, SessionOptions options, 
   if (options_.chunk < 0) fail("chunk", "must be >= 0");
 }
 
-void Session::begin_prefill(const std::vector<int32_t>& tokens) {
+void Session::begin_prefill(const std::vector<int32_t>& tokens, const CacheEntry* handed) {
   if (tokens.empty()) fail("prompt", "is empty");
   if (prefill_pending()) fail("prefill", "the previous prompt is still being prefilled");
   const int64_t n = static_cast<int64_t>(tokens.size()), origin = state_.length();
@@ -27,7 +27,15 @@ void Session::begin_prefill(const std::vector<int32_t>& tokens) {
   disk_bytes_ = 0;
   stored_tokens_ = 0;
   const bool caching = cache_ && origin == 0;
-  if (caching) hit_ = cache_->restore(tokens, state_, pending_opt_.tail_start);
+  handover_refusal_.clear();
+  if (caching && handed != nullptr) {
+    try {
+      hit_ = cache_->restore_handed(tokens, *handed, state_, pending_opt_.tail_start);
+    } catch (const Error& e) {
+      handover_refusal_ = e.what();
+    }
+  }
+  if (caching && hit_.cached_tokens == 0) hit_ = cache_->restore(tokens, state_, pending_opt_.tail_start);
   // With a cache, one call ends exactly at the last block boundary so the state there can be stored.
   // A tail-mode prompt's decoder windows hold only its last rows, so its state at a boundary is not
   // what an exact prefill leaves there: an exact-mode cache (which promises bit-identical restores)

@@ -38,8 +38,11 @@ class Session {
   // The same in steps, so a scheduler can interleave other sequences between them: begin_prefill
   // restores what the cache holds, then every prefill_step runs at most `max_tokens` prompt tokens
   // (returning how many it ran) until prefill_pending() is false and last_logits() holds the logits
-  // at the prompt's last position.
-  void begin_prefill(const std::vector<int32_t>& tokens);
+  // at the prompt's last position. `handed`: the state of a prefix of the prompt that a prefill
+  // server computed (PrefixCache::restore_handed), restored in place of what the cache holds; one
+  // that does not fit is set aside (handover_refusal() says why) and the cache serves as usual.
+  void begin_prefill(const std::vector<int32_t>& tokens, const CacheEntry* handed = nullptr);
+  const std::string& handover_refusal() const { return handover_refusal_; }
   bool prefill_pending() const { return pending_done_ < static_cast<int64_t>(pending_.size()); }
   int64_t prefill_step(int64_t max_tokens);
   const std::vector<float>& last_logits() const { return last_logits_; }
@@ -107,6 +110,7 @@ class Session {
   ForwardOptions pending_opt_;
   std::vector<float> last_logits_;
   CacheHit hit_;
+  std::string handover_refusal_;
   uint64_t disk_bytes_ = 0;
   int64_t stored_tokens_ = 0;
 };

@@ -80,6 +80,10 @@ std::string render_metrics(const EngineMetrics& m, const HttpCounters& h) {
   metric(out, "dsv41_expert_cache_evictions_total", "counter", "Experts evicted from the cache.", m.expert_cache_evictions);
   metric(out, "dsv41_expert_cache_read_bytes_total", "counter", "Bytes of experts read from the checkpoint.", m.expert_cache_bytes_read);
   metric(out, "dsv41_expert_cache_read_seconds_total", "counter", "Wall time of those reads.", m.expert_cache_read_seconds);
+  metric(out, "dsv41_handovers_total", "counter", "Prompts a prefill server prefilled for this decode server.", m.handovers);
+  metric(out, "dsv41_handover_tokens_total", "counter", "Prompt tokens whose state came from the prefill server.", m.handover_tokens);
+  metric(out, "dsv41_handover_bytes_total", "counter", "Bytes of state received from the prefill server.", m.handover_bytes);
+  metric(out, "dsv41_handover_fallbacks_total", "counter", "Handovers that failed or were refused (prefilled here instead).", m.handover_fallbacks);
   metric(out, "dsv41_decode_forwards_total", "counter", "Batched decode forwards (plain and speculative sequences together).", m.decode_forwards_total);
   // speculative decoding, under vLLM's names
   metric(out, "vllm:spec_decode_num_drafts_total", "counter", "Speculative verifications run.", m.spec_verify_steps);

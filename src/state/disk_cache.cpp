@@ -86,7 +86,11 @@ class EntryReader {
     size_ = static_cast<uint64_t>(st.st_size);
     modified_ns_ = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
   }
-  ~EntryReader() { ::close(fd_); }
+  // An entry held in memory (a prefill server's handover): the same checks, no file.
+  EntryReader(const uint8_t* data, uint64_t size) : data_(data), size_(size) { XXH3_64bits_reset(&hash_); }
+  ~EntryReader() {
+    if (fd_ >= 0) ::close(fd_);
+  }
   EntryReader(const EntryReader&) = delete;
   EntryReader& operator=(const EntryReader&) = delete;
 
@@ -100,7 +104,8 @@ class EntryReader {
              std::to_string(pos_) + ", file has " + std::to_string(size_) + ")");
     }
     auto* p = static_cast<uint8_t*>(dst);
-    for (uint64_t done = 0; done < n;) {
+    if (data_ != nullptr) std::memcpy(p, data_ + pos_, n);
+    for (uint64_t done = data_ != nullptr ? n : 0; done < n;) {
       const ssize_t got = ::read(fd_, p + done, n - done);
       if (got < 0 && errno == EINTR) continue;
       if (got < 0) reject(std::string("cannot read the ") + what + ": " + errno_text(errno));
@@ -113,6 +118,7 @@ class EntryReader {
 
  private:
   int fd_ = -1;
+  const uint8_t* data_ = nullptr;  // in memory instead of a file
   uint64_t size_ = 0;
   int64_t modified_ns_ = 0;
   uint64_t pos_ = 0;
@@ -236,7 +242,7 @@ Layout read_front(EntryReader& r, const std::string& expected_fingerprint, std::
 
 }  // namespace
 
-uint64_t write_cache_entry(const std::string& path, const CacheEntry& entry) {
+std::vector<uint8_t> encode_cache_entry(const CacheEntry& entry, const std::string& path) {
   // Refuse here whatever the reader would refuse, so every file written can be read back.
   if (!is_mode(entry.mode)) fail(path, "cache mode '" + entry.mode + "' is neither exact nor replay");
   if (entry.tokens.size() > kMaxTokens || entry.last_logits.size() > kMaxLogits || entry.sections.size() > kMaxSections) {
@@ -282,33 +288,61 @@ uint64_t write_cache_entry(const std::string& path, const CacheEntry& entry) {
   append(entry.last_logits.data(), 4 * entry.last_logits.size());
   const uint64_t checksum = XXH3_64bits(file.data(), file.size());
   append(&checksum, sizeof checksum);
+  return file;
+}
+
+uint64_t write_cache_entry(const std::string& path, const CacheEntry& entry) {
+  const std::vector<uint8_t> file = encode_cache_entry(entry, path);
   write_file_atomic(path, file.data(), file.size());
   return file.size();
 }
+
+namespace {
+
+// The whole entry from `r`, verified; Rejected for anything wrong.
+CacheEntry read_entry(EntryReader& r, const std::string& expected_fingerprint) {
+  CacheEntry e;
+  Layout l = read_front(r, expected_fingerprint, &e.tokens);
+  for (size_t i = 0; i < l.sections.size(); ++i) {
+    l.sections[i].bytes.resize(static_cast<size_t>(l.sizes[i]));
+    r.read(l.sections[i].bytes.data(), l.sections[i].bytes.size(), "section bytes");
+  }
+  e.last_logits.resize(static_cast<size_t>(l.logits));
+  r.read(e.last_logits.data(), 4 * e.last_logits.size(), "logits");
+  const uint64_t computed = r.digest();
+  uint8_t stored[8];
+  r.read(stored, sizeof stored, "checksum");
+  if (load<uint64_t>(stored) != computed) reject("checksum mismatch: the file is corrupted");
+  e.model_fingerprint = std::move(l.fingerprint);
+  e.mode = std::move(l.mode);
+  e.sections = std::move(l.sections);
+  return e;
+}
+
+}  // namespace
 
 std::optional<CacheEntry> read_cache_entry(const std::string& path, const std::string& expected_fingerprint,
                                            std::string* why) {
   try {
     EntryReader r(path);
-    CacheEntry e;
-    Layout l = read_front(r, expected_fingerprint, &e.tokens);
-    for (size_t i = 0; i < l.sections.size(); ++i) {
-      l.sections[i].bytes.resize(static_cast<size_t>(l.sizes[i]));
-      r.read(l.sections[i].bytes.data(), l.sections[i].bytes.size(), "section bytes");
-    }
-    e.last_logits.resize(static_cast<size_t>(l.logits));
-    r.read(e.last_logits.data(), 4 * e.last_logits.size(), "logits");
-    const uint64_t computed = r.digest();
-    uint8_t stored[8];
-    r.read(stored, sizeof stored, "checksum");
-    if (load<uint64_t>(stored) != computed) reject("checksum mismatch: the file is corrupted");
-    e.model_fingerprint = std::move(l.fingerprint);
-    e.mode = std::move(l.mode);
-    e.sections = std::move(l.sections);
+    CacheEntry e = read_entry(r, expected_fingerprint);
     if (why) why->clear();
     return e;
   } catch (const Rejected& r) {
     if (why) *why = path + ": " + r.reason;
+    return std::nullopt;
+  }
+}
+
+std::optional<CacheEntry> decode_cache_entry(const uint8_t* data, size_t size, const std::string& expected_fingerprint,
+                                             const std::string& what, std::string* why) {
+  try {
+    EntryReader r(data, size);
+    CacheEntry e = read_entry(r, expected_fingerprint);
+    if (why) why->clear();
+    return e;
+  } catch (const Rejected& r) {
+    if (why) *why = what + ": " + r.reason;
     return std::nullopt;
   }
 }

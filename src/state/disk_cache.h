@@ -43,6 +43,13 @@ constexpr const char* kCacheFileExtension = ".dsv41kv";
 // beyond the format's caps) or when the file cannot be written.
 uint64_t write_cache_entry(const std::string& path, const CacheEntry& entry);
 
+// The bytes write_cache_entry puts in a file (the same checks; `path` only names the entry in an
+// Error), for moving an entry without a file (a prefill server's handover to a decode server).
+std::vector<uint8_t> encode_cache_entry(const CacheEntry& entry, const std::string& path);
+// Verifies and reads entry bytes as read_cache_entry does a file; `what` names them in *why.
+std::optional<CacheEntry> decode_cache_entry(const uint8_t* data, size_t size, const std::string& expected_fingerprint,
+                                             const std::string& what, std::string* why);
+
 // Reads and verifies an entry. Returns std::nullopt and sets *why (if given) to a one-line reason
 // naming the file for anything wrong: missing, truncated, bad magic, other version, header not JSON
 // or inconsistent, checksum mismatch, or a fingerprint other than `expected_fingerprint`.

@@ -1,0 +1,62 @@
+// The prefill/decode handover between two servers started on their own (`serve --role prefill` and
+// `serve --role decode --prefill-peer ADDR`), over UCX (transfer/ucx_link.h). The decode server sends
+// a prompt's prefix and the handover mode; the prefill server prefills it and answers with the state
+// as a prompt-cache entry (state/disk_cache.h: versioned, the model's fingerprint, the section table
+// with every size, a checksum), which the decode side verifies before it restores anything.
+//
+// Request: JSON {"protocol": "dsv41-prefill", "version": 1, "mode": "exact"|"replay", "tokens": [...]}.
+// Answer: one status byte (0: the entry's bytes follow; 1: an error message follows).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/prefill_peer.h"
+#include "transfer/ucx_link.h"
+
+namespace dsv41 {
+
+constexpr int kPrefillProtocolVersion = 1;
+
+// The decode server's side: one connection per prompt, from the calling thread.
+class UcxPrefillPeer final : public PrefillPeer {
+ public:
+  // `max_answer_bytes`: the most a handover may take (the model's whole context of state); `timeout`:
+  // how long one prompt's prefill and transfer may take.
+  UcxPrefillPeer(UcxAddress peer, uint64_t max_answer_bytes, std::chrono::seconds timeout);
+  std::vector<uint8_t> prefill(const std::vector<int32_t>& tokens, CacheMode mode) override;
+
+ private:
+  UcxAddress peer_;
+  uint64_t max_answer_bytes_;
+  std::chrono::seconds timeout_;
+};
+
+// The prefill server's side: a thread that accepts decode servers' requests and answers them one at
+// a time with `handler(tokens, mode)`'s entry bytes (an Error from it goes back as the answer).
+class PrefillListener {
+ public:
+  using Handler = std::function<std::vector<uint8_t>(const std::vector<int32_t>& tokens, CacheMode mode)>;
+  // Error naming the address when it cannot listen. `max_tokens`: the longest prompt accepted.
+  PrefillListener(const UcxAddress& at, Handler handler, int64_t max_tokens);
+  ~PrefillListener();  // stops accepting and joins the thread (a request being answered finishes first)
+  PrefillListener(const PrefillListener&) = delete;
+  PrefillListener& operator=(const PrefillListener&) = delete;
+  uint16_t port() const { return port_; }
+
+ private:
+  void serve(UcxWorker& worker, UcxListener& listener);
+  Handler handler_;
+  int64_t max_tokens_;
+  uint16_t port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+}  // namespace dsv41

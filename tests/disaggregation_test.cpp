@@ -1,0 +1,176 @@
+// Prefill/decode disaggregation on loopback: `serve --role prefill` and `serve --role decode
+// --prefill-peer ADDR`, started on their own, answer as one server does, with the prompt's state
+// handed over exact (window rings included) or for replay (the decode side replays the last
+// window). A prefill server that dies, before or during a handover, or that serves another model,
+// costs the decode server a local prefill and the client nothing.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <csignal>
+#include <string>
+#include <thread>
+
+#include "model/synthetic_checkpoint.h"
+#include "serve_process.h"
+#include "server_util.h"
+#include "test_util.h"
+
+namespace dsv41::server {
+namespace {
+
+// The handover address a prefill server printed in its first line.
+std::string handover_address(const ServeProcess& p) {
+  const std::string key = "handover on ucx ";
+  const size_t at = p.first_line().find(key);
+  if (at == std::string::npos) return "";
+  const size_t end = p.first_line().find(')', at);
+  return p.first_line().substr(at + key.size(), end - at - key.size());
+}
+
+// A prompt of about 1,400 tokens: 21 whole blocks the prefill server can take.
+json long_chat(int max_tokens, bool stream = false) {
+  std::string text;
+  for (int i = 0; i < 120; ++i) text += "word" + std::to_string(i) + " river stone ";
+  json body = {{"messages", {{{"role", "user"}, {"content", text}}}},
+               {"max_tokens", max_tokens},
+               {"temperature", 0},
+               {"ignore_eos", true}};
+  if (stream) body["stream"] = true;
+  return body;
+}
+
+std::string chat_text(int port, const json& body) {
+  const Reply r = post(port, "/v1/chat/completions", body);
+  EXPECT_EQ(r.status, 200) << r.raw;
+  return r.status == 200 ? r.body["choices"][0]["message"]["content"].get<std::string>() : "";
+}
+
+std::string streamed_text(int port, const json& body) {
+  const Stream s = post_stream(port, "/v1/chat/completions", body);
+  EXPECT_EQ(s.status, 200) << s.raw;
+  std::string text;
+  for (const json& e : s.events) {
+    if (e.contains("choices") && !e["choices"].empty() && e["choices"][0]["delta"].contains("content"))
+      text += e["choices"][0]["delta"]["content"].get<std::string>();
+  }
+  return text;
+}
+
+double metric(int port, const std::string& name) {
+  const std::string text = request(port, "GET", "/metrics").raw;
+  const size_t at = text.find("\n" + name + " ");
+  return at == std::string::npos ? -1 : std::stod(text.substr(at + name.size() + 2));
+}
+
+TEST(PrefillDecode, ChatAndStreamGiveTheSingleServerAnswersInBothModes) {
+  std::string want, want_streamed;
+  {
+    ServeProcess single(test::tiny_model_dir(), "");
+    ASSERT_GT(single.port(), 0) << single.first_line();
+    want = chat_text(single.port(), long_chat(16));
+    want_streamed = streamed_text(single.port(), long_chat(12, true));
+  }
+  ServeProcess prefill(test::tiny_model_dir(), "--role prefill");
+  ASSERT_GT(prefill.port(), 0) << prefill.first_line();
+  const std::string peer = handover_address(prefill);
+  ASSERT_FALSE(peer.empty()) << prefill.first_line();
+  for (const std::string mode : {"exact", "replay"}) {
+    SCOPED_TRACE(mode);
+    ServeProcess decode(test::tiny_model_dir(), "--role decode --prefill-peer " + peer + " --handover " + mode);
+    ASSERT_GT(decode.port(), 0) << decode.first_line();
+    const Reply r = post(decode.port(), "/v1/chat/completions", long_chat(16));
+    ASSERT_EQ(r.status, 200) << r.raw;
+    EXPECT_EQ(r.body["choices"][0]["message"]["content"].get<std::string>(), want);
+    // the prompt's blocks came from the prefill server (reported as cached: not computed here)
+    const int64_t prompt = r.body["usage"]["prompt_tokens"].get<int64_t>();
+    EXPECT_EQ(r.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), (prompt - 1) / 64 * 64);
+    EXPECT_EQ(streamed_text(decode.port(), long_chat(12, true)), want_streamed);
+    EXPECT_EQ(metric(decode.port(), "dsv41_handovers_total"), 2);
+    EXPECT_EQ(metric(decode.port(), "dsv41_handover_fallbacks_total"), 0);
+    // the wire carries the global rows of the handed tokens and the fixed state, no more
+    const double bytes = metric(decode.port(), "dsv41_handover_bytes_total");
+    const double tokens = metric(decode.port(), "dsv41_handover_tokens_total");
+    EXPECT_GT(bytes, 0);
+    EXPECT_GT(tokens, 2000);
+  }
+}
+
+// DSpark on the decode side after a handover: the plain greedy text.
+TEST(PrefillDecode, SpeculativeDecodingAfterAHandoverGivesThePlainText) {
+  std::string want;
+  {
+    ServeProcess single(test::tiny_model_dir(), "");
+    ASSERT_GT(single.port(), 0) << single.first_line();
+    want = chat_text(single.port(), long_chat(16));
+  }
+  ServeProcess prefill(test::tiny_model_dir(), "--role prefill");
+  ASSERT_GT(prefill.port(), 0) << prefill.first_line();
+  ServeProcess decode(test::tiny_model_dir(),
+                      "--role decode --speculative dspark --prefill-peer " + handover_address(prefill));
+  ASSERT_GT(decode.port(), 0) << decode.first_line();
+  EXPECT_EQ(chat_text(decode.port(), long_chat(16)), want);
+  EXPECT_EQ(metric(decode.port(), "dsv41_handovers_total"), 1);
+  EXPECT_GT(metric(decode.port(), "vllm:spec_decode_num_drafts_total"), 0);
+}
+
+TEST(PrefillDecode, APrefillServerThatDiesCostsOnlyALocalPrefill) {
+  std::string want;
+  {
+    ServeProcess single(test::tiny_model_dir(), "");
+    ASSERT_GT(single.port(), 0) << single.first_line();
+    want = chat_text(single.port(), long_chat(8));
+  }
+  ServeProcess prefill(test::tiny_model_dir(), "--role prefill");
+  ASSERT_GT(prefill.port(), 0) << prefill.first_line();
+  ServeProcess decode(test::tiny_model_dir(), "--role decode --prefill-peer " + handover_address(prefill));
+  ASSERT_GT(decode.port(), 0) << decode.first_line();
+  // killed while it works on the request: the decode server sees the connection drop
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    kill(prefill.pid(), SIGKILL);
+  });
+  EXPECT_EQ(chat_text(decode.port(), long_chat(8)), want);
+  killer.join();
+  // and gone: the next request cannot connect at all
+  EXPECT_EQ(chat_text(decode.port(), long_chat(8)), want);
+  EXPECT_GE(metric(decode.port(), "dsv41_handover_fallbacks_total"), 1);
+  EXPECT_EQ(metric(decode.port(), "dsv41_handovers_total") + metric(decode.port(), "dsv41_handover_fallbacks_total"), 2);
+}
+
+// A prefill server with other weights hands over state stamped with another fingerprint: refused
+// on arrival, never decoded.
+TEST(PrefillDecode, StateOfAnotherModelIsRefused) {
+  test::TempDir other;
+  write_synthetic_checkpoint(other.path(), "tiny", 1);
+  std::string want;
+  {
+    ServeProcess single(test::tiny_model_dir(), "");
+    ASSERT_GT(single.port(), 0) << single.first_line();
+    want = chat_text(single.port(), long_chat(8));
+  }
+  ServeProcess prefill(other.path(), "--role prefill");
+  ASSERT_GT(prefill.port(), 0) << prefill.first_line();
+  ServeProcess decode(test::tiny_model_dir(), "--role decode --prefill-peer " + handover_address(prefill));
+  ASSERT_GT(decode.port(), 0) << decode.first_line();
+  EXPECT_EQ(chat_text(decode.port(), long_chat(8)), want);
+  EXPECT_EQ(metric(decode.port(), "dsv41_handovers_total"), 0);
+  EXPECT_EQ(metric(decode.port(), "dsv41_handover_fallbacks_total"), 1);
+}
+
+TEST(PrefillDecode, FlagsOutOfTheirRoleAreRefused) {
+  const std::string model = "serve -m '" + test::tiny_model_dir() + "' --port 0 ";
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"--prefill-peer 127.0.0.1:9", "--prefill-peer"},
+           {"--role decode", "--prefill-peer"},
+           {"--role decode --prefill-peer nowhere", "HOST:PORT"},
+           {"--role decode --prefill-peer 127.0.0.1:9 --handover all", "exact"},
+           {"--role prefill --handover replay", "--handover"},
+           {"--role relay", "--role"}}) {
+    const test::CommandResult r = test::run_dsv41(model + args);
+    EXPECT_EQ(r.status, 1) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(needle), std::string::npos) << args << "\n" << r.out;
+  }
+}
+
+}  // namespace
+}  // namespace dsv41::server

@@ -442,8 +442,9 @@ void Engine::Impl::start(Request& r, const CacheEntry* handed) {
 }
 
 // A decode server's request, before its session starts: asks the prefill server for the prompt's
-// prefix (once) and returns true when the session may start, with `entry` holding what arrived. A
-// prompt shorter than two blocks, or not in the handover's reach, starts at once and prefills here.
+// prefix (once) and returns true when the session may start (r.handover then holds the answer, if
+// one was asked for). A prompt shorter than two blocks, not in the handover's reach, or whose prefix
+// this server's own cache holds but for less than two blocks (an agent's next turn), starts at once.
 bool Engine::Impl::await_handover(Request& r) {
   const RequestParams& p = r.params;
   if (!r.handover_asked) {
@@ -452,7 +453,8 @@ bool Engine::Impl::await_handover(Request& r) {
     const int64_t boundary = PrefixCache::usable_boundary(n);
     const bool exact = opt.handover == CacheMode::Exact;
     if (p.index_keys != IndexKeysMode::Owner || p.prefill_mode != PrefillMode::Exact || boundary < 2 * kTokensPerPage ||
-        (exact && boundary < model->config().window_size)) {
+        (exact && boundary < model->config().window_size) ||
+        cache->ram_hit_tokens(p.prompt) + 2 * kTokensPerPage > boundary) {
       return true;
     }
     std::vector<int32_t> prefix(p.prompt.begin(), p.prompt.begin() + boundary);

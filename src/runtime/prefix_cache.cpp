@@ -165,6 +165,17 @@ bool PrefixCache::restore_entry(const std::vector<int32_t>& prompt, const std::s
   return true;
 }
 
+int64_t PrefixCache::ram_hit_tokens(const std::vector<int32_t>& prompt) const {
+  const int64_t limit = usable_boundary(static_cast<int64_t>(prompt.size()));
+  if (limit <= 0) return 0;
+  const PrefixTree::Match m = tree_.match(prompt);
+  int64_t blocks = std::min(m.tokens, limit) / kTokensPerPage;
+  if (mode_ == CacheMode::Exact) {
+    while (blocks > 0 && !blocks_.at(m.path[blocks - 1]).snapshot) --blocks;
+  }
+  return blocks * kTokensPerPage;
+}
+
 CacheHit PrefixCache::restore_handed(const std::vector<int32_t>& prompt, const CacheEntry& entry, SequenceState& state,
                                      int64_t tail_start) {
   const int64_t n = static_cast<int64_t>(entry.tokens.size());

@@ -65,6 +65,9 @@ class PrefixCache {
   // begins, -1 for the exact path.
   CacheHit restore(const std::vector<int32_t>& prompt, SequenceState& state, int64_t tail_start);
 
+  // Prompt tokens restore() would take from RAM for `prompt` (0: none), without restoring them.
+  int64_t ram_hit_tokens(const std::vector<int32_t>& prompt) const;
+
   // Restores `entry`, the state after a block-aligned prefix of `prompt` that another server
   // prefilled (serve --role decode), into `state` (a fresh sequence): as a disk entry of the entry's
   // own mode, exact or replayed. Error naming what does not fit (not a prefix of the prompt, not on

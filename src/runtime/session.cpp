@@ -43,6 +43,12 @@ void Session::begin_prefill(const std::vector<int32_t>& tokens, const CacheEntry
   const bool storable =
       caching && (options_.prefill_mode == PrefillMode::Exact || cache_->mode() == CacheMode::Replay);
   store_at_ = storable ? cache_->store_boundary(n) : -1;
+  if (hit_.source == "peer" && store_at_ == hit_.cached_tokens) {
+    // a prefill server's state is this server's to reuse: the next turn of the conversation finds
+    // its history here instead of asking for it again
+    disk_bytes_ = cache_->store({tokens.begin(), tokens.begin() + store_at_}, state_);
+    stored_tokens_ = store_at_;
+  }
   pending_ = tokens;
   pending_origin_ = origin;
   pending_done_ = state_.length() - origin;

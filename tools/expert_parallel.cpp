@@ -50,11 +50,12 @@ int run_expert_parallel(const std::string& command, int argc, char** argv, int (
     std::signal(SIGINT, SIG_IGN);
     std::signal(SIGTERM, SIG_IGN);
     try {
+      // rank 0 parses the whole command line (and ends the job over a bad one); these ranks need the
+      // model folder and the Engram tier
       const std::string dir = flag_value(argc, argv, "--model", "-m");
       if (dir.empty()) fail(command, "--model is required");
-      follow_leader(job, dir, backend_from_environment(), parse_engram_tier(flag_value(argc, argv, "--engram").empty()
-                                                                                ? "mmap"
-                                                                                : flag_value(argc, argv, "--engram")));
+      const std::string tier = flag_value(argc, argv, "--engram");
+      follow_leader(job, dir, backend_from_environment(), parse_engram_tier(tier.empty() ? "mmap" : tier));
     } catch (const Error& e) {
       std::fprintf(stderr, "dsv41 %s (rank %d): error: %s\n", command.c_str(), job.rank(), e.what());
       job.abort(1);

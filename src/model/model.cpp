@@ -29,8 +29,8 @@ struct CallRows {
 };
 
 // Engram row fetches started before the layers run; whatever the call did not collect (it failed on
-// the way) is collected here, since a started fetch must be. In an expert-parallel job the rows held
-// here are fetched so, and the others come from their owners when the layer gathers them.
+// the way) is collected here, since a started fetch must be. In an expert-parallel job only the rows
+// this rank holds are fetched ahead; the others come from their owners when the layer gathers them.
 class EngramFetches {
  public:
   EngramFetches(const ModelConfig& c, const ModelWeights& w, ExpertPeers* peers) : c_(c), w_(w), peers_(peers) {}

@@ -85,13 +85,13 @@ void moe_forward(const Backend& be, const ModelConfig& c, int layer, const MoeWe
   // dispatch: each expert's tokens in one batch, experts in ascending order
   const MoeDispatch dispatch = be.moe_dispatch(experts.data(), weights.data(), s, rp.k, rp.experts);
   std::vector<float> routed(static_cast<size_t>(dispatch.entries() * d)), shared(static_cast<size_t>(s * d));
-  // The experts held here (all of them, or this rank's share while the owners of the others compute
-  // theirs), then the shared expert. Every expert's rows are the ones a single process computes, in the
-  // same batch, so the combine below sums the same bits.
+  // The shared expert and the routed experts held here (all of them, or this rank's share while the
+  // owners of the others compute theirs). Every expert's rows are the ones a single process computes,
+  // in the same batch, so the combine below sums the same bits.
   const auto [first, end] = peers ? peers->share().experts(rp.experts) : std::pair<int64_t, int64_t>{0, rp.experts};
   if (peers) peers->dispatch(layer, x, s, d, experts.data(), weights.data(), rp.k, dispatch);
   try {
-    // (the shared expert computes while the first group of streamed experts is read)
+    // (the shared expert first, while the first group of streamed experts is read)
     run_routed_experts(be, c, layer, w, x, dispatch, first, end, cache, routed.data(),
                        [&] { be.expert_ffn(w.shared, x, s, nullptr, limit, shared.data()); });
   } catch (...) {

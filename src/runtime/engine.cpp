@@ -94,6 +94,9 @@ struct Engine::Impl {
 
   // scheduler-thread only
   std::vector<std::unique_ptr<Request>> running;
+  // handovers of requests that ended first (cancelled): kept until they return, since a future of
+  // std::async waits for its call when destroyed, and the scheduler must not
+  std::vector<std::future<std::vector<uint8_t>>> abandoned;
   uint64_t reserved = 0;
 
   void loop();
@@ -167,6 +170,7 @@ Engine::~Engine() {
     impl_->stopping = true;
   }
   impl_->cv.notify_all();
+  if (impl_->opt.prefill_peer) impl_->opt.prefill_peer->stop();  // handovers in flight end at once
   impl_->scheduler.join();
 }
 
@@ -654,9 +658,13 @@ void Engine::Impl::loop() {
     running.erase(std::remove_if(running.begin(), running.end(),
                                  [&](const std::unique_ptr<Request>& r) {
                                    if (r->finished) reserved -= r->reserved_bytes;
+                                   if (r->finished && r->handover.valid()) abandoned.push_back(std::move(r->handover));
                                    return r->finished;
                                  }),
                   running.end());
+    abandoned.erase(std::remove_if(abandoned.begin(), abandoned.end(),
+                                   [](const auto& f) { return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }),
+                    abandoned.end());
     // Every running request waits for its prefill server: sleep until one answers or news comes (the
     // answer's wake-up can come just before its future is ready, hence the bound on the sleep).
     const bool only_waiting = !running.empty() && std::all_of(running.begin(), running.end(), [](const auto& r) {

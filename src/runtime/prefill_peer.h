@@ -18,6 +18,8 @@ class PrefillPeer {
   // window rings and the rest of the short-lived state. Called on a thread of its own, one call per
   // prompt, several at once. Throws Error when the peer cannot (unreachable, refused, died).
   virtual std::vector<uint8_t> prefill(const std::vector<int32_t>& tokens, CacheMode mode) = 0;
+  // Ends every call in progress and to come with an Error (the engine is shutting down).
+  virtual void stop() = 0;
 };
 
 }  // namespace dsv41

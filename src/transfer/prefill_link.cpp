@@ -24,7 +24,8 @@ std::vector<uint8_t> UcxPrefillPeer::prefill(const std::vector<int32_t>& tokens,
   const std::string what = "the prefill server " + peer_.text();
   const Deadline deadline = std::chrono::steady_clock::now() + timeout_;
   UcxWorker worker;
-  const std::unique_ptr<UcxConnection> c = UcxConnection::connect(worker, peer_);
+  if (stopping_) fail(what, "not asked: the server is stopping");
+  const std::unique_ptr<UcxConnection> c = UcxConnection::connect(worker, peer_, &stopping_);
   const nlohmann::json request = {{"protocol", "dsv41-prefill"},
                                   {"version", kPrefillProtocolVersion},
                                   {"mode", cache_mode_name(mode)},
@@ -70,7 +71,7 @@ PrefillListener::~PrefillListener() {
 
 void PrefillListener::serve(UcxWorker& worker, UcxListener& listener) {
   while (!stopping_) {
-    const std::unique_ptr<UcxConnection> c = listener.accept(std::chrono::milliseconds(100));
+    const std::unique_ptr<UcxConnection> c = listener.accept(std::chrono::milliseconds(100), &stopping_);
     if (!c) continue;
     try {
       const std::vector<uint8_t> raw =

@@ -31,8 +31,10 @@ class UcxPrefillPeer final : public PrefillPeer {
   // how long one prompt's prefill and transfer may take.
   UcxPrefillPeer(UcxAddress peer, uint64_t max_answer_bytes, std::chrono::seconds timeout);
   std::vector<uint8_t> prefill(const std::vector<int32_t>& tokens, CacheMode mode) override;
+  void stop() override { stopping_ = true; }
 
  private:
+  std::atomic<bool> stopping_{false};
   UcxAddress peer_;
   uint64_t max_answer_bytes_;
   std::chrono::seconds timeout_;

@@ -106,13 +106,14 @@ UcxWorker::~UcxWorker() {
   ucp_cleanup(h_->context);
 }
 
-UcxConnection::UcxConnection(UcxWorker& worker, void* endpoint)
-    : worker_(worker), ep_(endpoint), failed_(std::make_unique<Failure>()) {}
+UcxConnection::UcxConnection(UcxWorker& worker, void* endpoint, const std::atomic<bool>* cancel)
+    : worker_(worker), ep_(endpoint), failed_(std::make_unique<Failure>()), cancel_(cancel) {}
 
-std::unique_ptr<UcxConnection> UcxConnection::connect(UcxWorker& worker, const UcxAddress& to) {
+std::unique_ptr<UcxConnection> UcxConnection::connect(UcxWorker& worker, const UcxAddress& to,
+                                                      const std::atomic<bool>* cancel) {
   socklen_t length = 0;
   const sockaddr_storage addr = resolve(to, &length);
-  std::unique_ptr<UcxConnection> c(new UcxConnection(worker, nullptr));
+  std::unique_ptr<UcxConnection> c(new UcxConnection(worker, nullptr, cancel));
   ucp_ep_params_t p{};
   p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -161,6 +162,7 @@ void UcxConnection::wait(void* request, Deadline deadline, const std::string& wh
     }
     if (failed_->failed) why = "the peer went away (" + status_text(failed_->status) + ")";
     if (std::chrono::steady_clock::now() > deadline) why = "timed out";
+    if (cancel_ != nullptr && *cancel_) why = "cancelled: this server is stopping";
     if (!why.empty()) break;
     if (ucp_worker_progress(worker) == 0) backoff.idle(); else backoff.busy();
   }
@@ -225,7 +227,7 @@ UcxListener::~UcxListener() {
   ucp_listener_destroy(static_cast<ucp_listener_h>(listener_));
 }
 
-std::unique_ptr<UcxConnection> UcxListener::accept(std::chrono::milliseconds wait) {
+std::unique_ptr<UcxConnection> UcxListener::accept(std::chrono::milliseconds wait, const std::atomic<bool>* cancel) {
   const Deadline deadline = std::chrono::steady_clock::now() + wait;
   Backoff backoff;
   while (pending_->requests.empty() && std::chrono::steady_clock::now() < deadline) {
@@ -234,7 +236,7 @@ std::unique_ptr<UcxConnection> UcxListener::accept(std::chrono::milliseconds wai
   if (pending_->requests.empty()) return nullptr;
   ucp_conn_request_h request = pending_->requests.front();
   pending_->requests.pop_front();
-  std::unique_ptr<UcxConnection> c(new UcxConnection(worker_, nullptr));
+  std::unique_ptr<UcxConnection> c(new UcxConnection(worker_, nullptr, cancel));
   ucp_ep_params_t p{};
   p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
   p.conn_request = request;

@@ -5,6 +5,7 @@
 // error handling), so nothing here hangs on a dead or silent peer.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -40,8 +41,10 @@ class UcxWorker {
 
 class UcxConnection {
  public:
-  // Connects to `to`; Error naming the address when it cannot.
-  static std::unique_ptr<UcxConnection> connect(UcxWorker& worker, const UcxAddress& to);
+  // Connects to `to`; Error naming the address when it cannot. Every wait on the connection also
+  // ends (with an Error) once `cancel` (if given) becomes true.
+  static std::unique_ptr<UcxConnection> connect(UcxWorker& worker, const UcxAddress& to,
+                                                const std::atomic<bool>* cancel = nullptr);
   ~UcxConnection();  // flushes what was sent, then closes (at once if the peer failed)
   UcxConnection(const UcxConnection&) = delete;
   UcxConnection& operator=(const UcxConnection&) = delete;
@@ -55,11 +58,12 @@ class UcxConnection {
 
  private:
   friend class UcxListener;
-  UcxConnection(UcxWorker& worker, void* endpoint);
+  UcxConnection(UcxWorker& worker, void* endpoint, const std::atomic<bool>* cancel);
   void wait(void* request, Deadline deadline, const std::string& what);
   UcxWorker& worker_;
   void* ep_ = nullptr;  // ucp_ep_h
   std::unique_ptr<Failure> failed_;
+  const std::atomic<bool>* cancel_;
 };
 
 class UcxListener {
@@ -70,8 +74,8 @@ class UcxListener {
   UcxListener(const UcxListener&) = delete;
   UcxListener& operator=(const UcxListener&) = delete;
   uint16_t port() const { return port_; }
-  // The next connection, or null when none came within `wait`.
-  std::unique_ptr<UcxConnection> accept(std::chrono::milliseconds wait);
+  // The next connection, or null when none came within `wait`; its waits end once `cancel` is true.
+  std::unique_ptr<UcxConnection> accept(std::chrono::milliseconds wait, const std::atomic<bool>* cancel = nullptr);
 
  private:
   UcxWorker& worker_;

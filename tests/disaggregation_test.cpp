@@ -7,10 +7,17 @@
 
 #include <chrono>
 #include <csignal>
+#include <fstream>
+#include <future>
+#include <optional>
 #include <string>
 #include <thread>
 
+#include "io/config.h"
+#include "io/safetensors.h"
 #include "model/synthetic_checkpoint.h"
+#include "runtime/engine.h"
+#include "state/disk_cache.h"
 #include "serve_process.h"
 #include "server_util.h"
 #include "test_util.h"
@@ -43,6 +50,12 @@ std::string chat_text(int port, const json& body) {
   const Reply r = post(port, "/v1/chat/completions", body);
   EXPECT_EQ(r.status, 200) << r.raw;
   return r.status == 200 ? r.body["choices"][0]["message"]["content"].get<std::string>() : "";
+}
+
+std::string completion_text(int port, const json& body) {
+  const Reply r = post(port, "/v1/completions", body);
+  EXPECT_EQ(r.status, 200) << r.raw;
+  return r.status == 200 ? r.body["choices"][0]["text"].get<std::string>() : "";
 }
 
 std::string streamed_text(int port, const json& body) {
@@ -97,22 +110,82 @@ TEST(PrefillDecode, ChatAndStreamGiveTheSingleServerAnswersInBothModes) {
   }
 }
 
-// DSpark on the decode side after a handover: the plain greedy text.
-TEST(PrefillDecode, SpeculativeDecodingAfterAHandoverGivesThePlainText) {
+// DSpark on the decode side after an exact handover, on the trained model (whose drafts are
+// accepted): the prefill server hands the drafter's rings over with the rest, so the decode server
+// drafts, and has accepted, exactly what a single server speculating on the same prompt does.
+TEST(PrefillDecode, SpeculativeDecodingAfterAHandoverDraftsAsASingleServer) {
+  const std::string model = test::source_dir() + "/models/brown-tiny";
+  std::ifstream heldout(model + "/heldout.txt");
+  std::string text(4000, '\0');
+  heldout.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(heldout.gcount()));
+  // 10 blocks and 2 tokens: the decode server prefills 2 tokens itself, so 14 of the drafter's 16
+  // ring rows (brown-tiny's window) can only come from the handover
+  json body = {{"prompt", text}, {"max_tokens", 48}, {"temperature", 0}, {"ignore_eos", true},
+               {"speculative", "dspark"}, {"acceptance_guard", false}};
+  const std::vector<std::string> counters = {"vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+                                             "vllm:spec_decode_num_accepted_tokens_total"};
   std::string want;
+  std::vector<double> want_counts;
   {
-    ServeProcess single(test::tiny_model_dir(), "");
+    ServeProcess single(model, "");
     ASSERT_GT(single.port(), 0) << single.first_line();
-    want = chat_text(single.port(), long_chat(16));
+    const Reply ids = post(single.port(), "/tokenize", {{"prompt", text}});
+    ASSERT_EQ(ids.status, 200) << ids.raw;
+    std::vector<int32_t> prompt = ids.body["tokens"].get<std::vector<int32_t>>();
+    ASSERT_GT(prompt.size(), 642u);
+    prompt.resize(642);
+    body["prompt"] = prompt;
+    want = completion_text(single.port(), body);
+    for (const std::string& c : counters) want_counts.push_back(metric(single.port(), c));
   }
-  ServeProcess prefill(test::tiny_model_dir(), "--role prefill");
+  ASSERT_GT(want_counts[2], 0) << "the trained drafter accepts nothing here: the comparison would prove nothing";
+  ServeProcess prefill(model, "--role prefill");
   ASSERT_GT(prefill.port(), 0) << prefill.first_line();
-  ServeProcess decode(test::tiny_model_dir(),
-                      "--role decode --speculative dspark --prefill-peer " + handover_address(prefill));
+  ServeProcess decode(model, "--role decode --prefill-peer " + handover_address(prefill));
   ASSERT_GT(decode.port(), 0) << decode.first_line();
-  EXPECT_EQ(chat_text(decode.port(), long_chat(16)), want);
+  EXPECT_EQ(completion_text(decode.port(), body), want);
   EXPECT_EQ(metric(decode.port(), "dsv41_handovers_total"), 1);
-  EXPECT_GT(metric(decode.port(), "vllm:spec_decode_num_drafts_total"), 0);
+  for (size_t i = 0; i < counters.size(); ++i) EXPECT_EQ(metric(decode.port(), counters[i]), want_counts[i]) << counters[i];
+}
+
+// What a prefill server hands over, section by section: exact carries every layer's window ring,
+// the drafter's among them; replay carries no ring at all.
+TEST(PrefillDecode, AnExactHandoverCarriesTheDraftersRingsAndReplayNoRing) {
+  const std::string model = test::source_dir() + "/models/brown-tiny";
+  EngineOptions eo;
+  eo.model_dir = model;
+  eo.parallel = 1;
+  Engine engine(eo);
+  const ModelConfig& c = engine.config();
+  const std::string fingerprint = model_fingerprint(load_config(model), Checkpoint(model).fingerprint());
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 640; ++i) prompt.push_back(100 + (i * 37) % 500);
+  for (const CacheMode mode : {CacheMode::Exact, CacheMode::Replay}) {
+    RequestParams p;
+    p.prompt = prompt;
+    p.max_tokens = 0;
+    p.export_state = mode;
+    std::promise<TokenEvent> done;
+    engine.submit(p, [&done](const TokenEvent& e) {
+      if (e.done) done.set_value(e);
+    });
+    const TokenEvent e = done.get_future().get();
+    ASSERT_TRUE(e.exported_state) << e.error;
+    std::string why;
+    const std::optional<CacheEntry> entry =
+        decode_cache_entry(e.exported_state->data(), e.exported_state->size(), fingerprint, "export", &why);
+    ASSERT_TRUE(entry) << why;
+    EXPECT_EQ(entry->tokens, prompt);
+    int backbone_rings = 0, drafter_rings = 0;
+    for (const CacheSection& sec : entry->sections) {
+      if (sec.name != "window") continue;
+      EXPECT_FALSE(sec.bytes.empty());
+      (sec.layer < c.n_layers ? backbone_rings : drafter_rings) += 1;
+    }
+    EXPECT_EQ(backbone_rings, mode == CacheMode::Exact ? c.n_layers : 0);
+    EXPECT_EQ(drafter_rings, mode == CacheMode::Exact ? c.n_mtp_layers : 0);
+  }
 }
 
 TEST(PrefillDecode, APrefillServerThatDiesCostsOnlyALocalPrefill) {

@@ -430,6 +430,10 @@ void Engine::Impl::start(Request& r, const CacheEntry* handed) {
     spo.force_drafts = p.force_drafts;
     spo.guard.enabled = p.acceptance_guard;
     r.spec = std::make_unique<SpeculativeDecoder>(*r.session, *drafter, *r.sampler, spo);
+  } else if (p.export_state && drafter) {
+    // a prefill server's: the drafter's rings cross with the rest of the state, so a decode server
+    // that speculates drafts from the prompt as it would have prefilled it itself
+    attach_drafter(*r.session, *drafter);
   }
   r.session->begin_prefill(p.prompt, handed);
   r.cached_tokens = r.session->cache_hit().cached_tokens;

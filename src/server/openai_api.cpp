@@ -235,6 +235,10 @@ void parse_sequence_options(const ojson& body, const ModelInfo& model, ApiReques
     }
     req.params.speculative = name == "dspark" ? SpeculativeMethod::DSpark : SpeculativeMethod::Off;
   }
+  if (const ojson* v = field(body, "acceptance_guard")) {  // false: draft at every step (measuring)
+    if (!v->is_boolean()) throw invalid_request("acceptance_guard", "acceptance_guard must be true or false, got " + kind(*v));
+    req.params.acceptance_guard = v->get<bool>();
+  }
   if (const ojson* v = field(body, "draft_length")) {
     const int64_t n = require_integer(*v, "draft_length");
     if (n < 0 || n > model.draft_block_size) {

@@ -28,16 +28,7 @@ std::string mpirun(int ranks) {
 }
 
 test::CommandResult run_mpi(int ranks, const std::string& args) {
-  test::CommandResult r;
-  const std::string cmd = mpirun(ranks) + DSV41_BINARY + " " + args + " --expert-parallel 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return test::run_shell(mpirun(ranks) + DSV41_BINARY + " " + args + " --expert-parallel");
 }
 
 // The process of rank 0 among mpirun's children (its environment names the rank), or -1.

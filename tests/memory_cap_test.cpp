@@ -105,19 +105,6 @@ uint64_t folder_bytes(const std::string& dir) {
   return n;
 }
 
-// `script` run by /bin/sh, stdout and stderr together.
-test::CommandResult run_shell(const std::string& script) {
-  test::CommandResult r;
-  FILE* p = popen(("/bin/sh -c '" + script + "' 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
 // The peak resident set a `generate --json` run reports of itself (VmHWM: its own pages only).
 double peak_rss_mib(const std::string& out) {
   const size_t at = out.find("\"peak_rss_mb\":");
@@ -149,7 +136,7 @@ TEST(MemoryCap, CappedRunEqualsUncappedBitForBit) {
 
   // The capped run. Its peak resident set also counts the pages of the binary and its libraries,
   // charged to the cgroup that read them first: the whole peak of a run on the tiny preset bounds that.
-  const test::CommandResult capped = run_shell("echo $$ > " + cgroup.path() + "/cgroup.procs && exec " + DSV41_BINARY +
+  const test::CommandResult capped = test::run_shell("echo $$ > " + cgroup.path() + "/cgroup.procs && exec " + DSV41_BINARY +
                                               " " + args + " --dump-logits " + (dir / "capped.bin"));
   ASSERT_EQ(capped.status, 0) << "capped run: " << capped.out;
   EXPECT_EQ(cgroup.oom_kills(), 0);

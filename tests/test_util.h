@@ -67,6 +67,19 @@ struct CommandResult {
   std::string out;  // stdout and stderr together
 };
 
+// Runs `script` with /bin/sh, stdout and stderr together.
+inline CommandResult run_shell(const std::string& script) {
+  CommandResult r;
+  FILE* p = popen(("{ " + script + "\n} 2>&1").c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
 // Runs the dsv41 binary with the given argument string (shell syntax).
 inline CommandResult run_dsv41(const std::string& args) {
   CommandResult r;

@@ -17,15 +17,6 @@ namespace dsv41 {
 
 namespace {
 
-// Starts a nonblocking collective and waits for it politely (parallel/mpi_wait.h). Every rank uses
-// the nonblocking form, which MPI matches only with its own kind.
-template <typename Start>
-void wait_for(Start start) {
-  MPI_Request request;
-  start(&request);
-  wait_politely(request);
-}
-
 class Follower {
  public:
   Follower(MpiJob& job, const std::string& dir, std::shared_ptr<const Backend> backend, EngramTier engram)

@@ -15,15 +15,6 @@ namespace dsv41 {
 
 namespace {
 
-// Starts a nonblocking collective and waits for it politely (parallel/mpi_wait.h). Every rank uses
-// the nonblocking form, which MPI matches only with its own kind.
-template <typename Start>
-void wait_for(Start start) {
-  MPI_Request request;
-  start(&request);
-  wait_politely(request);
-}
-
 // MPI counts are ints: a count past that is refused rather than truncated.
 int mpi_count(int64_t n, const char* what) {
   if (n < 0 || n > INT32_MAX) fail("expert parallel", std::string(what) + " of " + std::to_string(n) + " elements is more than one MPI call moves");

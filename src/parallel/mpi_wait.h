@@ -12,4 +12,13 @@ namespace dsv41 {
 
 void wait_politely(MPI_Request& request);
 
+// Starts a nonblocking collective (`start(&request)`) and waits for it politely. Every rank uses the
+// nonblocking forms, which MPI matches only with their own kind.
+template <typename Start>
+void wait_for(Start start) {
+  MPI_Request request;
+  start(&request);
+  wait_politely(request);
+}
+
 }  // namespace dsv41

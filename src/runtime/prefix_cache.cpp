@@ -147,22 +147,27 @@ bool PrefixCache::restore_entry(const std::vector<int32_t>& prompt, const std::s
     disk_->reject(name, reason);
     return false;
   };
-  SequenceState st = model_.new_sequence(pools_);
-  if (!load_global_row_sections(st, model_.config(), entry->sections, best_tokens)) {
-    return reject("its rows do not fit this model");
-  }
-  set_restored_length(st, best_tokens);
-  if (mode_ == CacheMode::Exact) {
-    const std::optional<ShortState> s = short_state_of_sections(entry->sections, model_.config(), st);
-    if (!s) return reject("its window snapshot does not fit this model");
-    s->apply_to(st);
-  } else {
-    replay(prompt, best_tokens, st, tail_start, hit);  // as the RAM tier: decoder windows from the tail on
-  }
-  state = std::move(st);
-  hit.cached_tokens = best_tokens;
+  const std::string why = restore_sections(prompt, *entry, best_tokens, mode_, state, tail_start, hit);
+  if (!why.empty()) return reject(why);
   hit.source = "disk";
   return true;
+}
+
+std::string PrefixCache::restore_sections(const std::vector<int32_t>& prompt, const CacheEntry& entry, int64_t tokens,
+                                          CacheMode mode, SequenceState& state, int64_t tail_start, CacheHit& hit) const {
+  SequenceState st = model_.new_sequence(pools_);
+  if (!load_global_row_sections(st, model_.config(), entry.sections, tokens)) return "its rows do not fit this model";
+  set_restored_length(st, tokens);
+  if (mode == CacheMode::Exact) {
+    const std::optional<ShortState> s = short_state_of_sections(entry.sections, model_.config(), st);
+    if (!s) return "its window snapshot does not fit this model";
+    s->apply_to(st);
+  } else {
+    replay(prompt, tokens, st, tail_start, hit);  // as the RAM tier: decoder windows from the tail on
+  }
+  state = std::move(st);
+  hit.cached_tokens = tokens;
+  return "";
 }
 
 int64_t PrefixCache::ram_hit_tokens(const std::vector<int32_t>& prompt) const {
@@ -186,19 +191,9 @@ CacheHit PrefixCache::restore_handed(const std::vector<int32_t>& prompt, const C
     refuse("covers " + std::to_string(n) + " tokens, not a block boundary short of the prompt's end");
   if (!std::equal(entry.tokens.begin(), entry.tokens.end(), prompt.begin())) refuse("is not of this prompt's prefix");
   if (entry.mode == "exact" && n < model_.config().window_size) refuse("exact state inside the first window");
-  SequenceState st = model_.new_sequence(pools_);
-  if (!load_global_row_sections(st, model_.config(), entry.sections, n)) refuse("its rows do not fit this model");
-  set_restored_length(st, n);
   CacheHit hit;
-  if (entry.mode == "exact") {
-    const std::optional<ShortState> s = short_state_of_sections(entry.sections, model_.config(), st);
-    if (!s) refuse("its window snapshot does not fit this model");
-    s->apply_to(st);
-  } else {
-    replay(prompt, n, st, tail_start, hit);
-  }
-  state = std::move(st);
-  hit.cached_tokens = n;
+  const std::string why = restore_sections(prompt, entry, n, parse_cache_mode(entry.mode), state, tail_start, hit);
+  if (!why.empty()) refuse(why);
   hit.source = "peer";
   return hit;
 }

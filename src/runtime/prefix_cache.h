@@ -99,6 +99,10 @@ class PrefixCache {
                          CacheHit& hit);
   bool restore_entry(const std::vector<int32_t>& prompt, const std::string& name, int64_t best_tokens,
                      SequenceState& state, int64_t tail_start, CacheHit& hit);
+  // The first `tokens` tokens of `entry` restored into a fresh sequence moved into `state`, exact or
+  // replayed per `mode`; "" then, else why it does not fit this model (`state` untouched).
+  std::string restore_sections(const std::vector<int32_t>& prompt, const CacheEntry& entry, int64_t tokens,
+                               CacheMode mode, SequenceState& state, int64_t tail_start, CacheHit& hit) const;
 
   const Model& model_;
   StatePools& pools_;

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "model/synthetic_checkpoint.h"
 #include "serve_process.h"
 #include "server_util.h"
 #include "test_util.h"
@@ -119,6 +120,20 @@ TEST(ExpertParallel, ARankCountThatDoesNotSplitTheExpertsIsRefused) {
   const test::CommandResult inspect = test::run_dsv41("inspect '" + test::tiny_model_dir() + "' --expert-parallel");
   EXPECT_EQ(inspect.status, 1);
   EXPECT_NE(inspect.out.find("only generate, serve and bench"), std::string::npos) << inspect.out;
+}
+
+// Every rank must read the same checkpoint: a job whose rank 1 was pointed at other weights (MPI's
+// multiple-program form) is refused by rank 0 before anything runs, naming the rank.
+TEST(ExpertParallel, ARankWithAnotherCheckpointIsRefused) {
+  test::TempDir other;
+  write_synthetic_checkpoint(other.path(), "tiny", 1);
+  const auto generate = [](const std::string& dir) {
+    return std::string(DSV41_BINARY) + " generate -m '" + dir + "' --prompt-ids 1,2,3 -n 2 --expert-parallel";
+  };
+  const test::CommandResult r =
+      test::run_shell(mpirun(1) + generate(test::tiny_model_dir()) + " : -np 1 " + generate(other.path()));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("rank(s) 1 loaded a checkpoint other than rank 0's"), std::string::npos) << r.out;
 }
 
 TEST(ExpertParallel, ServeAnswersAsTheSingleServerAndStopsOnSigterm) {

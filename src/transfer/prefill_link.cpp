@@ -54,7 +54,7 @@ PrefillListener::PrefillListener(const UcxAddress& at, Handler handler, int64_t 
       listening.set_exception(std::current_exception());
       return;
     }
-    serve(*worker, *listener);
+    serve(*listener);
   });
   try {
     port_ = port.get();
@@ -69,7 +69,7 @@ PrefillListener::~PrefillListener() {
   if (thread_.joinable()) thread_.join();
 }
 
-void PrefillListener::serve(UcxWorker& worker, UcxListener& listener) {
+void PrefillListener::serve(UcxListener& listener) {
   while (!stopping_) {
     const std::unique_ptr<UcxConnection> c = listener.accept(std::chrono::milliseconds(100), &stopping_);
     if (!c) continue;
@@ -103,7 +103,6 @@ void PrefillListener::serve(UcxWorker& worker, UcxListener& listener) {
       // that decode server went away or stalled: it prefills on its own; serve the next one
     }
   }
-  (void)worker;
 }
 
 }  // namespace dsv41

@@ -53,7 +53,7 @@ class PrefillListener {
   uint16_t port() const { return port_; }
 
  private:
-  void serve(UcxWorker& worker, UcxListener& listener);
+  void serve(UcxListener& listener);
   Handler handler_;
   int64_t max_tokens_;
   uint16_t port_ = 0;

@@ -10,6 +10,7 @@ packages=(
   nlohmann-json3-dev libxxhash-dev libutf8proc-dev libpcre2-dev
   libboost-dev                                     # Beast and Asio: the HTTP server (dsv41 serve)
   libcpp-httplib-dev                               # an independent HTTP client for the server tests
+  libpng-dev libjpeg-dev                           # decoding image inputs (src/image: PNG, JPEG)
   openmpi-bin libopenmpi-dev                       # the expert-parallel job (mpirun ... --expert-parallel)
   libucx-dev                                       # the prefill/decode handover (serve --role)
   clang libclang-rt-dev                            # libFuzzer for the parser fuzz targets

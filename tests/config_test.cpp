@@ -143,7 +143,7 @@ TEST(Config, KeysThatChangeTheMathUnimplementedAreErrorsNamingThem) {
 TEST(Config, UnknownAndUnusedKeysAreReportedNotSilentlyDropped) {
   ModelConfig released = load_config(test::released_config());
   EXPECT_TRUE(released.unknown_keys.empty()) << released.unknown_keys.front();
-  for (const char* key : {"architectures", "image_token_id", "vision_config"}) {
+  for (const char* key : {"architectures"}) {
     bool listed = false;
     for (const std::string& k : released.unused_keys) listed |= k.find(key) != std::string::npos;
     EXPECT_TRUE(listed) << key;

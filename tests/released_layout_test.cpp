@@ -36,7 +36,7 @@ uint64_t bytes_of(const TensorSpec& s) {
 
 TEST(ReleasedLayout, TensorsAndBytesAreTheReleases) {
   const nlohmann::json hf = released_hf_config();
-  const std::vector<TensorSpec> tensors = released_tensors(parse_config(hf, "released"), hf);
+  const std::vector<TensorSpec> tensors = released_tensors(parse_config(hf, "released"));
   EXPECT_EQ(tensors.size(), 96085u);
   std::map<std::string, int64_t> by_prefix;
   std::map<DType, uint64_t> by_dtype;

@@ -272,6 +272,10 @@ ModelConfig parse_config(const json& root, const std::string& where) {
   c.bos_token_id = r.integer<int64_t>({"bos_token_id"}, 0);
   c.eos_token_id = r.integer<int64_t>({"eos_token_id"}, 1);
   c.pad_token_id = r.integer<int64_t>({"pad_token_id"}, 2);
+  c.vision = parse_vision_config(root, where);
+  if (c.vision.image_token_id >= c.vocab_size) {
+    fail(where + ": key \"image_token_id\"", "must be a token id below vocab_size " + std::to_string(c.vocab_size));
+  }
 
   validate_config(c);
   const ConfigKeyReport keys = classify_config_keys(root, asked);
@@ -519,6 +523,7 @@ json config_to_inference_json(const ModelConfig& c) {
       {"max_seq_len", c.max_seq_len}, {"gate_temp", c.gate_temp}, {"norm_topk_prob", c.norm_topk_prob},
       {"bos_token_id", c.bos_token_id}, {"eos_token_id", c.eos_token_id}, {"pad_token_id", c.pad_token_id},
   };
+  j.update(vision_config_inference_json(c.vision));  // nothing for a text-only model: its fingerprint holds
   return j;
 }
 
@@ -563,6 +568,10 @@ json config_to_hf_json(const ModelConfig& c) {
         {"scale_fmt", "ue8m0"}, {"expert_dtype", "fp4"}}},
       {"text_config", text},
   };
+  if (c.vision.enabled()) {
+    j["vision_config"] = vision_config_hf_json(c.vision);
+    j["image_token_id"] = c.vision.image_token_id;
+  }
   return j;
 }
 

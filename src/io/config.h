@@ -9,6 +9,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "io/vision_config.h"
+
 namespace dsv41 {
 
 struct ModelConfig {
@@ -87,6 +89,8 @@ struct ModelConfig {
   int64_t bos_token_id = 0;
   int64_t eos_token_id = 1;
   int64_t pad_token_id = 2;
+  // the vision tower and the image placeholder (disabled in a text-only checkpoint)
+  VisionConfig vision;
 
   // keys of the file the engine did not read (io/config_keys.h): unknown ones, for a warning, and
   // known ones it has no use for; neither enters the fingerprint

@@ -25,12 +25,20 @@ const std::set<std::string>& checked_keys() {
   return keys;
 }
 
-// Known keys that change nothing in the text model this engine runs: the vision tower's (its own
-// object in the HF file, vision_* in the flat one), the image placeholder and HF's bookkeeping.
+// Known keys that change nothing this engine computes: HF's bookkeeping.
 bool known_unused(const std::string& key) {
-  static const std::set<std::string> keys = {"architectures", "transformers_version", "image_token_id",
-                                             "vision_config", "torch_dtype"};
-  return keys.count(key) > 0 || std::string_view(key).substr(0, 7) == "vision_";
+  static const std::set<std::string> keys = {"architectures", "transformers_version", "torch_dtype"};
+  return keys.count(key) > 0;
+}
+
+// The vision tower's keys, read by parse_vision_config (io/vision_config.h): its own object in the HF
+// file, vision_* in the flat one, and the image placeholder.
+bool vision_key(const std::string& key) {
+  static const std::set<std::string> keys = {
+      "vision_config",       "image_token_id",     "vision_n_layers",         "vision_dim",
+      "vision_n_heads",      "vision_inter_dim",   "vision_patch_size",       "vision_rope_theta",
+      "vision_downsample_ratio", "vision_max_n_token", "vision_min_pixels", "vision_max_wh_ratio"};
+  return keys.count(key) > 0;
 }
 
 const json* member(const json& obj, const char* key) {
@@ -93,7 +101,7 @@ ConfigKeyReport classify_config_keys(const json& root, const std::set<std::strin
   const auto sort_keys = [&](const json& obj, const std::string& prefix) {
     if (!obj.is_object()) return;
     for (const auto& [key, value] : obj.items()) {
-      if (read.count(key) || checked_keys().count(key)) continue;
+      if (read.count(key) || checked_keys().count(key) || (prefix.empty() && vision_key(key))) continue;
       (known_unused(key) ? report.unused : report.unknown).push_back(prefix + key);
     }
   };

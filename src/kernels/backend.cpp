@@ -135,6 +135,29 @@ void Backend::stream_mean(const float* X, int64_t count, int64_t hc, int64_t dim
   reference::stream_mean(X, count, hc, dim, out, out_stride);
 }
 void Backend::add(float* y, const float* x, int64_t n) const { reference::add(y, x, n); }
+void Backend::add_bias_bf16(float* y, int64_t m, int64_t n, const float* bias) const {
+  reference::add_bias_bf16(y, m, n, bias);
+}
+void Backend::add_bf16(float* y, const float* x, int64_t n) const { reference::add_bf16(y, x, n); }
+void Backend::rope_rotate_half(const float* cos, const float* sin, int64_t rows, int64_t heads, int64_t head_dim,
+                               float* x, int64_t row_stride) const {
+  reference::rope_rotate_half(cos, sin, rows, heads, head_dim, x, row_stride);
+}
+void Backend::dense_attention(const float* q, const float* k, const float* v, int64_t n, int64_t heads, int64_t d,
+                              int64_t stride, float scale, float* out) const {
+  // query rows are independent: the reference's per-query loop, spread over the pool (same bits)
+  exec().run(n * n * heads * d >= (int64_t{1} << 18), n, 1, [&](int64_t b, int64_t e, Scratch&) {
+    std::vector<float> scores(static_cast<size_t>(n));
+    for (int64_t i = b; i < e; ++i) reference::dense_attention_query(q, k, v, n, heads, d, stride, scale, i, out, scores.data());
+  });
+}
+void Backend::silu_mul_bf16(const float* gate_up, int64_t m, int64_t n, float* out) const {
+  reference::silu_mul_bf16(gate_up, m, n, out);
+}
+void Backend::gelu_erf_bf16(float* x, int64_t n) const { reference::gelu_erf_bf16(x, n); }
+void Backend::unfold_cells(const float* x, int64_t nh, int64_t nw, int64_t dim, int64_t r, float* out) const {
+  reference::unfold_cells(x, nh, nw, dim, r, out);
+}
 
 // ---- composed ops -------------------------------------------------------------------------------
 
@@ -187,6 +210,8 @@ struct SimdOps {
                                const uint8_t* const*, int64_t, const int64_t*, const std::vector<int32_t>*, int64_t,
                                float*);
   void (*sparse_attention)(const Exec&, const float*, int64_t, int64_t, const KvRows&, const float*, float, float*);
+  void (*dense_attention)(const Exec&, const float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t,
+                          float, float*);
   void (*mhc_mixes)(const Exec&, const HcShape&, const float*, int64_t, const HcMixWeights&, HcCoefficientsOut);
   void (*mhc_collapse)(const Exec&, const HcShape&, const float*, const float*, int64_t, float*);
   void (*mhc_expand)(const Exec&, const HcShape&, float*, const float*, const float*, const float*, int64_t);
@@ -204,6 +229,7 @@ constexpr SimdOps kAvx2{16,
                         detail::index_scores_avx2,
                         detail::index_scores_in_pool_avx2,
                         detail::sparse_attention_avx2,
+                        detail::dense_attention_avx2,
                         detail::mhc_mixes_avx2,
                         detail::mhc_collapse_avx2,
                         detail::mhc_expand_avx2,
@@ -219,6 +245,7 @@ constexpr SimdOps kAvx512{32,
                           detail::index_scores_avx512,
                           detail::index_scores_in_pool_avx512,
                           detail::sparse_attention_avx512,
+                          detail::dense_attention_avx512,
                           detail::mhc_mixes_avx512,
                           detail::mhc_collapse_avx512,
                           detail::mhc_expand_avx512,
@@ -275,6 +302,10 @@ class SimdBackend final : public Backend {
   void sparse_attention(const float* q, int64_t heads, int64_t d, const KvRows& rows, const float* sink, float scale,
                         float* out) const override {
     ops_.sparse_attention(exec(), q, heads, d, rows, sink, scale, out);
+  }
+  void dense_attention(const float* q, const float* k, const float* v, int64_t n, int64_t heads, int64_t d,
+                       int64_t stride, float scale, float* out) const override {
+    ops_.dense_attention(exec(), q, k, v, n, heads, d, stride, scale, out);
   }
   void mhc_mixes(const HcShape& s, const float* X, int64_t count, const HcMixWeights& w,
                  HcCoefficientsOut out) const override {

@@ -182,6 +182,32 @@ class Backend {
   // y[i] += x[i] in fp32.
   virtual void add(float* y, const float* x, int64_t n) const;
 
+  // ---- the vision tower (vision-spec §4–5): bf16 activations, fp32 inside each op --------------------
+  // y[i][j] = bf16(y[i][j] + bias[j]) over [m, n] (a bf16 linear's bias, added to its fp32 output).
+  virtual void add_bias_bf16(float* y, int64_t m, int64_t n, const float* bias) const;
+  // y[i] = bf16(y[i] + x[i]) (a bf16 residual).
+  virtual void add_bf16(float* y, const float* x, int64_t n) const;
+  // Rotate-half RoPE in place over `heads` heads of head_dim lanes per row (row r at x + r·row_stride):
+  // lane i < head_dim/2 pairs with lane i + head_dim/2 at the angle whose cos and sin are
+  // cos[r][i], sin[r][i]: [x1·cos − x2·sin, x2·cos + x1·sin] in fp32, one bf16 rounding per value.
+  virtual void rope_rotate_half(const float* cos, const float* sin, int64_t rows, int64_t heads, int64_t head_dim,
+                                float* x, int64_t row_stride) const;
+  // Bidirectional attention of n rows over themselves, per head (torch's SDPA, no mask): q, k, v rows at
+  // stride `stride`, heads·d lanes each (head-major). For each query and head: s_t = (q·k_t, an fp32 chain
+  // in lane order)·scale; p_t = exp(s_t − max s); o = Σ_t p_t·v_t in fp32, in t order; out =
+  // bf16(o / Σ p_t). out: [n, heads·d].
+  virtual void dense_attention(const float* q, const float* k, const float* v, int64_t n, int64_t heads, int64_t d,
+                               int64_t stride, float scale, float* out) const;
+  // The ViT's SwiGLU (no clamp, bf16 between): gate_up [m, 2n] holds each row's gate then its up
+  // values; out[i][j] = bf16(bf16(silu(gate[i][j]))·up[i][j]), out [m, n].
+  virtual void silu_mul_bf16(const float* gate_up, int64_t m, int64_t n, float* out) const;
+  // x[i] = bf16(GELU(x[i])), the exact (erf) form.
+  virtual void gelu_erf_bf16(float* x, int64_t n) const;
+  // The aligner's downsample gather (F.unfold, kernel = stride = r) of an nh × nw grid of dim-wide
+  // rows, zero-padded right and bottom to multiples of r: out row oy·ceil(nw/r) + ox holds, channel-major,
+  // column c·r·r + ky·r + kx = channel c of grid cell (r·oy + ky, r·ox + kx).
+  virtual void unfold_cells(const float* x, int64_t nh, int64_t nw, int64_t dim, int64_t r, float* out) const;
+
  protected:
   // `tile_rows`: rows per packed tile this level's linears read (0: row-major only).
   Backend(Isa level, const BackendOptions& options, int tile_rows);

@@ -81,4 +81,10 @@ void sparse_attention_avx2(const Exec& ex, const float* q, int64_t heads, int64_
 void sparse_attention_avx512(const Exec& ex, const float* q, int64_t heads, int64_t d, const KvRows& rows,
                              const float* sink, float scale, float* out);
 
+// dense_attention (the ViT's): blocks of queries × heads split over exec's workers.
+void dense_attention_avx2(const Exec& ex, const float* q, const float* k, const float* v, int64_t n, int64_t heads,
+                          int64_t d, int64_t stride, float scale, float* out);
+void dense_attention_avx512(const Exec& ex, const float* q, const float* k, const float* v, int64_t n, int64_t heads,
+                            int64_t d, int64_t stride, float scale, float* out);
+
 }  // namespace dsv41::detail

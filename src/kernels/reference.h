@@ -62,4 +62,18 @@ void engram_gate(float* X, int64_t count, int64_t hc, int64_t dim, const float* 
 void stream_mean(const float* X, int64_t count, int64_t hc, int64_t dim, float* out, int64_t out_stride);
 void add(float* y, const float* x, int64_t n);
 
+// ---- the vision tower (vision_ops.cpp) ------------------------------------------------------------
+void add_bias_bf16(float* y, int64_t m, int64_t n, const float* bias);
+void add_bf16(float* y, const float* x, int64_t n);
+void rope_rotate_half(const float* cos, const float* sin, int64_t rows, int64_t heads, int64_t head_dim, float* x,
+                      int64_t row_stride);
+// One query row of dense_attention; `scores` is scratch of n floats.
+void dense_attention_query(const float* q, const float* k, const float* v, int64_t n, int64_t heads, int64_t d,
+                           int64_t stride, float scale, int64_t query, float* out, float* scores);
+void dense_attention(const float* q, const float* k, const float* v, int64_t n, int64_t heads, int64_t d,
+                     int64_t stride, float scale, float* out);
+void silu_mul_bf16(const float* gate_up, int64_t m, int64_t n, float* out);
+void gelu_erf_bf16(float* x, int64_t n);
+void unfold_cells(const float* x, int64_t nh, int64_t nw, int64_t dim, int64_t r, float* out);
+
 }  // namespace dsv41::reference

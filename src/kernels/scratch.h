@@ -30,6 +30,9 @@ enum class ScratchSlot {
   IndexAcc,          // dot chains of a query group
   IndexKeys,         // key rows of one query's candidate pool
   IndexScores,       // scores of those rows
+  DenseQuery,        // the ViT's attention: a block of queries transposed, queries in lanes
+  DenseScores,       // their scores, then probabilities, against every key
+  DenseOut,          // their outputs before the transpose back
   Count
 };
 

@@ -338,6 +338,7 @@ inline void quantize_row(const float* x, int64_t k, float prescale, float* out, 
 
 #include "kernels/linear_simd_impl.h"
 #include "kernels/attention_simd_impl.h"
+#include "kernels/dense_attention_simd_impl.h"
 #include "kernels/swiglu_simd_impl.h"
 
 }  // namespace dsv41::detail::avx2
@@ -362,6 +363,10 @@ QuantizedActivations quantize_activations_avx2(const float* x, int64_t m, int64_
 void sparse_attention_avx2(const Exec& ex, const float* q, int64_t heads, int64_t d, const KvRows& rows,
                           const float* sink, float scale, float* out) {
   avx2::sparse_attention_simd(ex, q, heads, d, rows, sink, scale, out);
+}
+void dense_attention_avx2(const Exec& ex, const float* q, const float* k, const float* v, int64_t n, int64_t heads,
+                          int64_t d, int64_t stride, float scale, float* out) {
+  avx2::dense_attention_simd(ex, q, k, v, n, heads, d, stride, scale, out);
 }
 
 void swiglu_avx2(const Exec& ex, float* gate, const float* up, int64_t m, int64_t n, float limit,
@@ -398,6 +403,10 @@ QuantizedActivations quantize_activations_avx2(const float* x, int64_t m, int64_
 void sparse_attention_avx2(const Exec&, const float* q, int64_t heads, int64_t d, const KvRows& rows,
                           const float* sink, float scale, float* out) {
   reference::sparse_attention(q, heads, d, rows, sink, scale, out);
+}
+void dense_attention_avx2(const Exec&, const float* q, const float* k, const float* v, int64_t n, int64_t heads,
+                          int64_t d, int64_t stride, float scale, float* out) {
+  reference::dense_attention(q, k, v, n, heads, d, stride, scale, out);
 }
 void swiglu_avx2(const Exec&, float* gate, const float* up, int64_t m, int64_t n, float limit,
                  const float* row_weights) {

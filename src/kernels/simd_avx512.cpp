@@ -44,6 +44,7 @@ namespace dsv41::detail::avx512 {
 
 #include "kernels/linear_simd_impl.h"
 #include "kernels/attention_simd_impl.h"
+#include "kernels/dense_attention_simd_impl.h"
 #include "kernels/swiglu_simd_impl.h"
 
 }  // namespace dsv41::detail::avx512
@@ -68,6 +69,10 @@ QuantizedActivations quantize_activations_avx512(const float* x, int64_t m, int6
 void sparse_attention_avx512(const Exec& ex, const float* q, int64_t heads, int64_t d, const KvRows& rows,
                           const float* sink, float scale, float* out) {
   avx512::sparse_attention_simd(ex, q, heads, d, rows, sink, scale, out);
+}
+void dense_attention_avx512(const Exec& ex, const float* q, const float* k, const float* v, int64_t n, int64_t heads,
+                          int64_t d, int64_t stride, float scale, float* out) {
+  avx512::dense_attention_simd(ex, q, k, v, n, heads, d, stride, scale, out);
 }
 
 void swiglu_avx512(const Exec& ex, float* gate, const float* up, int64_t m, int64_t n, float limit,
@@ -105,6 +110,10 @@ QuantizedActivations quantize_activations_avx512(const float* x, int64_t m, int6
 void sparse_attention_avx512(const Exec&, const float* q, int64_t heads, int64_t d, const KvRows& rows,
                           const float* sink, float scale, float* out) {
   reference::sparse_attention(q, heads, d, rows, sink, scale, out);
+}
+void dense_attention_avx512(const Exec&, const float* q, const float* k, const float* v, int64_t n, int64_t heads,
+                          int64_t d, int64_t stride, float scale, float* out) {
+  reference::dense_attention(q, k, v, n, heads, d, stride, scale, out);
 }
 void swiglu_avx512(const Exec&, float* gate, const float* up, int64_t m, int64_t n, float limit,
                  const float* row_weights) {

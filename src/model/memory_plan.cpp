@@ -27,12 +27,19 @@ uint64_t spec_bytes(const TensorSpec& s) {
   return n;
 }
 
+// The vision tower's matrices (its linears and the aligner's; weights.cpp packs them with the dense ones).
+bool is_vision_linear(const std::string& name) {
+  const bool tower = name.rfind("vision.", 0) == 0 || name.rfind("aligner.", 0) == 0;
+  return tower && ends_with(name, ".weight") && !ends_with(name, "norm.weight") && !ends_with(name, "norm1.weight") &&
+         !ends_with(name, "norm2.weight");
+}
+
 // The BF16 matrices the linear layers read (packed with the dense matrices, weights.cpp).
 bool is_bf16_linear(const std::string& name) {
   return name == "head.weight" || ends_with(name, ".ffn.gate.weight") || ends_with(name, ".compressor.wkv.weight") ||
          ends_with(name, ".compressor.wgate.weight") || ends_with(name, ".indexer.wk.weight") ||
          ends_with(name, ".indexer.weights_proj.weight") || ends_with(name, ".markov_head.head.weight") ||
-         ends_with(name, ".confidence_head.proj.weight");
+         ends_with(name, ".confidence_head.proj.weight") || is_vision_linear(name);
 }
 
 // The classes, in the order of their claims (memory_plan.h).
@@ -67,11 +74,11 @@ MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& req) {
   plan.request = req;
   plan.rows.resize(kRowCount);
   PlanRow* rows = plan.rows.data();
-  rows[kVectors] = {"vectors", "norms, F32 tensors, Engram q·k (converted at load)", 0, 0, Residence::Copied, 0, 0};
+  rows[kVectors] = {"vectors", "norms, F32 tensors, Engram q·k, vision biases (converted at load)", 0, 0, Residence::Copied, 0, 0};
   rows[kWoA] = {"wo_a", "attn.wo_a, dequantized to bf16 as the reference's converter does", 0, 0, Residence::Copied, 0, 0};
   rows[kDenseFp8] = {"dense_fp8", "FP8 matrices: attention, shared experts, Engram wkv, DSpark main_proj", 0, 0,
                      Residence::Mapped, 0, 0};
-  rows[kBf16Linears] = {"bf16_linears", "BF16 linears: head, router, compressor, indexer, DSpark heads", 0, 0,
+  rows[kBf16Linears] = {"bf16_linears", "BF16 linears: head, router, compressor, indexer, DSpark heads, vision tower", 0, 0,
                         Residence::Mapped, 0, 0};
   rows[kEmbeddings] = {"embeddings", "token and Markov embeddings (rows gathered per token)", 0, 0,
                        Residence::Gathered, 0, 0};
@@ -82,7 +89,10 @@ MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& req) {
   uint64_t dense_packed = 0, bf16_packed = 0, experts_packed = 0, largest = 0, woa_packed = 0;
   std::vector<uint64_t> layer_expert_bytes(static_cast<size_t>(c.total_layers()), 0);
   std::vector<uint64_t> layer_expert_packed(static_cast<size_t>(c.total_layers()), 0);
-  for (const TensorSpec& s : checkpoint_tensors(c)) {
+  std::vector<TensorSpec> tensors = checkpoint_tensors(c);
+  const std::vector<TensorSpec> vision = vision_tensors(c);
+  tensors.insert(tensors.end(), vision.begin(), vision.end());
+  for (const TensorSpec& s : tensors) {
     const uint64_t bytes = spec_bytes(s);
     const std::string& n = s.name;
     Row row;
@@ -121,6 +131,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& req) {
     } else {
       row = kVectors;
       if (s.kind == TensorKind::F32) rows[kVectors].anon_bytes += bytes;
+      else if (ends_with(n, ".bias")) rows[kVectors].anon_bytes += bytes * 2;  // the vision biases, in fp32
       else if (ends_with(n, ".engram.q_weight")) rows[kVectors].anon_bytes += bytes * 2;  // q·k in fp32
       else if (!ends_with(n, ".engram.k_weight")) rows[kVectors].cached_bytes += bytes;    // norms: mapped
     }

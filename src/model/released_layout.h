@@ -16,9 +16,9 @@
 
 namespace dsv41 {
 
-// The text model's tensors, then bias_vl per layer and the vision tensors whose shapes follow the
-// HF config's vision_config (Error naming a missing or malformed key).
-std::vector<TensorSpec> released_tensors(const ModelConfig& config, const nlohmann::json& hf_config);
+// The text model's tensors, then bias_vl per layer and the vision tensors (vision_tensors); Error when
+// the config has no vision tower.
+std::vector<TensorSpec> released_tensors(const ModelConfig& config);
 
 // The largest shard data size for which the writer's next-fit split (io/safetensors_writer.h) of
 // `tensors` in order makes exactly `shards` shards; Error when no size does.

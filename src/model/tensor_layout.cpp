@@ -134,6 +134,46 @@ int64_t tensor_params(const TensorSpec& s) {
   return s.kind == TensorKind::Fp4Weight ? n * 2 : n;
 }
 
+std::vector<TensorSpec> vision_tensors(const ModelConfig& c) {
+  std::vector<TensorSpec> out;
+  if (!c.vision.enabled()) return out;
+  const auto bf16 = [&](const std::string& name, std::vector<int64_t> shape) {
+    out.push_back({name, DType::BF16, std::move(shape), TensorKind::Bf16, 0, -1});
+  };
+  const VisionConfig& v = c.vision;
+  const int64_t h = v.dim, inter = v.inter_dim, r = v.downsample_ratio;
+  bf16("vision.patch_embed.proj.weight", {h, v.patch_values()});
+  bf16("vision.patch_embed.proj.bias", {h});
+  for (int i = 0; i < v.n_layers; ++i) {
+    const std::string b = "vision.blocks." + std::to_string(i) + ".";
+    bf16(b + "norm1.weight", {h});
+    bf16(b + "norm2.weight", {h});
+    bf16(b + "attn.wqkv.weight", {3 * h, h});
+    bf16(b + "attn.wqkv.bias", {3 * h});
+    bf16(b + "attn.wo.weight", {h, h});
+    bf16(b + "attn.wo.bias", {h});
+    bf16(b + "mlp.w1.weight", {2 * inter, h});  // gate rows, then up rows
+    bf16(b + "mlp.w2.weight", {h, inter});
+  }
+  bf16("vision.norm.weight", {h});
+  bf16("aligner.w1.weight", {c.dim, h * r * r});
+  bf16("aligner.w1.bias", {c.dim});
+  bf16("aligner.w2.weight", {c.dim, c.dim});
+  bf16("aligner.w2.bias", {c.dim});
+  for (const char* span : {"image_start", "image_end", "image_newline"}) bf16(span, {c.dim});
+  return out;
+}
+
+std::vector<TensorSpec> image_routing_biases(const ModelConfig& c) {
+  std::vector<TensorSpec> out;
+  if (!c.vision.enabled()) return out;
+  for (int l = 0; l < c.total_layers(); ++l) {
+    const std::string p = l < c.n_layers ? "layers." + std::to_string(l) : "mtp." + std::to_string(l - c.n_layers);
+    out.push_back({p + ".ffn.gate.bias_vl", DType::F32, {c.routed_experts(l)}, TensorKind::F32, 0, l});
+  }
+  return out;
+}
+
 bool is_optional_tensor(const std::string& name) {
   auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
   auto ends = [&](const char* sfx) {

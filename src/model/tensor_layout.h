@@ -33,6 +33,13 @@ struct TensorSpec {
 // In checkpoint order: top-level first, then layers.0.., then mtp.0..
 std::vector<TensorSpec> checkpoint_tensors(const ModelConfig& config);
 
+// The vision tower's tensors (vision-spec §2), all BF16: the ViT, the aligner, the span vectors;
+// none when the config has no tower.
+std::vector<TensorSpec> vision_tensors(const ModelConfig& config);
+// Every layer's `ffn.gate.bias_vl` (vision-spec §2: F32, one per routed expert, DSpark blocks
+// included), the selection bias of image-span tokens; none when the config has no tower.
+std::vector<TensorSpec> image_routing_biases(const ModelConfig& config);
+
 // Number of model parameters a tensor holds (scales are not parameters; an FP4 byte holds two).
 int64_t tensor_params(const TensorSpec& spec);
 

@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "model/checkpoint_check.h"
+#include "model/tensor_layout.h"
+#include "model/vision_weights.h"
 #include "io/layer_roles.h"
 #include "numeric/formats.h"
 #include "util/error.h"
@@ -164,7 +167,48 @@ void bind_block(const Binder& b, const ModelConfig& c, const LayerRole& r, const
   f.shared = {b.fp8(fp + "shared_experts.w1"), b.fp8(fp + "shared_experts.w2"), b.fp8(fp + "shared_experts.w3")};
 }
 
+// vision-spec §2: every tensor BF16, checked against the shapes the vision config implies.
+std::unique_ptr<VisionWeights> bind_vision(const Binder& b, const Checkpoint& ckpt, const ModelConfig& c) {
+  auto v = std::make_unique<VisionWeights>();
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const TensorSpec& t : vision_tensors(c)) shapes[t.name] = t.shape;
+  const auto matrix = [&](const std::string& name) {
+    ckpt.expect(name, DType::BF16, shapes.at(name));
+    return b.bf16(name);
+  };
+  const auto bias = [&](const std::string& name) {
+    ckpt.expect(name, DType::BF16, shapes.at(name));
+    return b.bf16_as_f32(name);
+  };
+  v->patch_proj = matrix("vision.patch_embed.proj.weight");
+  v->patch_bias = bias("vision.patch_embed.proj.bias");
+  v->blocks.resize(static_cast<size_t>(c.vision.n_layers));
+  for (int i = 0; i < c.vision.n_layers; ++i) {
+    const std::string p = "vision.blocks." + std::to_string(i) + ".";
+    VisionBlockWeights& w = v->blocks[static_cast<size_t>(i)];
+    w.norm1 = matrix(p + "norm1.weight");
+    w.norm2 = matrix(p + "norm2.weight");
+    w.wqkv = matrix(p + "attn.wqkv.weight");
+    w.wqkv_bias = bias(p + "attn.wqkv.bias");
+    w.wo = matrix(p + "attn.wo.weight");
+    w.wo_bias = bias(p + "attn.wo.bias");
+    w.w1 = matrix(p + "mlp.w1.weight");
+    w.w2 = matrix(p + "mlp.w2.weight");
+  }
+  v->norm = matrix("vision.norm.weight");
+  v->aligner_w1 = matrix("aligner.w1.weight");
+  v->aligner_b1 = bias("aligner.w1.bias");
+  v->aligner_w2 = matrix("aligner.w2.weight");
+  v->aligner_b2 = bias("aligner.w2.bias");
+  v->image_start = matrix("image_start");
+  v->image_end = matrix("image_end");
+  v->image_newline = matrix("image_newline");
+  return v;
+}
+
 }  // namespace
+
+ModelWeights::~ModelWeights() = default;
 
 ModelWeights::ModelWeights(const std::string& dir, const ModelConfig& config, std::shared_ptr<const Backend> backend,
                            EngramTier engram_tier, WeightPlacement placement)
@@ -203,6 +247,12 @@ ModelWeights::ModelWeights(const std::string& dir, const ModelConfig& config, st
       anon_bytes_ += e.qk.size() * sizeof(float);
       L.engram = std::move(e);
     }
+  }
+  if (config_.vision.enabled() && placement.dense && b.has("vision.patch_embed.proj.weight")) {
+    vision = bind_vision(b, *checkpoint_, config_);
+    size_t bias_values = vision->patch_bias.size() + vision->aligner_b1.size() + vision->aligner_b2.size();
+    for (const VisionBlockWeights& w : vision->blocks) bias_values += w.wqkv_bias.size() + w.wo_bias.size();
+    anon_bytes_ += bias_values * sizeof(float);  // the biases, kept in fp32
   }
   if (config_.has_dspark() && placement.dense) {
     const std::string first = "mtp.0.", last = "mtp." + std::to_string(config_.n_mtp_layers - 1) + ".";
@@ -264,6 +314,12 @@ void ModelWeights::pack_matrices(const Backend& backend, WeightPlacement placeme
     if (L.engram) fp8(L.engram->wkv);
   }
   fp8(dspark.main_proj);
+  if (vision) {
+    for (Bf16Tensor* t : {&vision->patch_proj, &vision->aligner_w1, &vision->aligner_w2}) bf16(*t, t->n);
+    for (VisionBlockWeights& w : vision->blocks) {
+      for (Bf16Tensor* t : {&w.wqkv, &w.wo, &w.w1, &w.w2}) bf16(*t, t->n);
+    }
+  }
   bf16(dspark.markov_head, dspark.markov_head.n);
   bf16(dspark.confidence, dspark.confidence.n);
 }

@@ -98,6 +98,8 @@ struct WeightPlacement {
   bool dense = true;
 };
 
+struct VisionWeights;  // model/vision_weights.h
+
 class ModelWeights {
  public:
   // Opens the checkpoint in `dir`, checks every tensor against the config, binds the views and packs
@@ -105,6 +107,7 @@ class ModelWeights {
   // served from `engram_tier` (io/engram_store.h).
   ModelWeights(const std::string& dir, const ModelConfig& config, std::shared_ptr<const Backend> backend,
                EngramTier engram_tier = EngramTier::Mmap, WeightPlacement placement = {});
+  ~ModelWeights();
   const ModelConfig& config() const { return config_; }
   const Checkpoint& checkpoint() const { return *checkpoint_; }
   // Anonymous memory the weights took at load: packed copies and copied or converted tensors (what
@@ -114,6 +117,9 @@ class ModelWeights {
   Bf16Tensor embed, head, norm;
   std::vector<LayerWeights> layers;  // backbone layers then DSpark blocks
   DsparkWeights dspark;
+  // The vision tower, when the config has one and the checkpoint carries it (a text-only conversion
+  // of the release may leave it out: images are then refused); null otherwise.
+  std::unique_ptr<VisionWeights> vision;
 
  private:
   // Re-lays every matrix the linear layers read for the backend's kernels (packed_weights.h); the

@@ -37,6 +37,7 @@ Args::Args(const std::string& command, int argc, char** argv, const std::set<std
         value = argv[++i];
       }
       values_[arg] = value;
+      all_[arg].push_back(value);
     } else {
       fail(arg, "unknown flag for 'dsv41 " + command_ + "' (see 'dsv41 " + command_ + " --help')");
     }

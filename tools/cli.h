@@ -21,6 +21,11 @@ class Args {
 
   bool has(const std::string& flag) const;
   std::string get(const std::string& flag, const std::string& fallback = "") const;
+  // Every value of a flag given more than once, in order (get() returns the last).
+  std::vector<std::string> get_all(const std::string& flag) const {
+    const auto it = all_.find(flag);
+    return it == all_.end() ? std::vector<std::string>{} : it->second;
+  }
   std::string required(const std::string& flag) const;
   int64_t get_int(const std::string& flag, int64_t fallback, int64_t min, int64_t max) const;
   uint64_t get_u64(const std::string& flag, uint64_t fallback) const;
@@ -31,6 +36,7 @@ class Args {
  private:
   std::string command_;
   std::map<std::string, std::string> values_;
+  std::map<std::string, std::vector<std::string>> all_;
   std::vector<std::string> positional_;
 };
 

@@ -18,6 +18,7 @@
 #include "expert_parallel.h"
 #include "io/safetensors_writer.h"
 #include "runtime/engine.h"
+#include "runtime/image_prepare.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
 
@@ -25,12 +26,14 @@ namespace dsv41::cli {
 
 namespace {
 
-constexpr const char* kHelp = R"(usage: dsv41 generate -m DIR (-p TEXT | -f FILE | --prompt-ids 1,2,3) [options]
+constexpr const char* kHelp = R"(usage: dsv41 generate -m DIR (-p TEXT | -f FILE | --prompt-ids 1,2,3) [--image FILE ...] [options]
 
   -m, --model DIR            model folder (config.json, tokenizer.json, safetensors)
   -p, --prompt TEXT          prompt text (tokenized, BOS prepended unless --no-bos)
   -f, --file FILE            prompt text read from FILE (UTF-8; as -p, for prompts too long for an argument)
       --prompt-ids LIST      prompt as comma-separated token ids (used as given)
+      --image FILE           a PNG or JPEG for the next image placeholder of the prompt (<｜deepseek_image｜>
+                             in text, the config's image_token_id in --prompt-ids); repeat for more images
   -n, --n-predict N          tokens to generate (default 32)
       --temp T               temperature; 0 = greedy (default 0)
       --top-p P              nucleus sampling mass (default 1)
@@ -95,6 +98,21 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// An image file's bytes (Error naming the path when it cannot be read or is larger than any image
+// the decoder takes).
+std::vector<uint8_t> read_image_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, "cannot be opened");
+  std::vector<uint8_t> bytes;
+  char buf[1 << 16];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    bytes.insert(bytes.end(), buf, buf + in.gcount());
+    if (bytes.size() > ImageDecodeLimits{}.max_encoded_bytes) fail(path, "is larger than an image may be");
+  }
+  if (in.bad()) fail(path, "could not be read");
+  return bytes;
+}
+
 }  // namespace
 
 // One request through the Engine, the path `serve` and `chat` take: the command only turns flags
@@ -105,7 +123,7 @@ int run_generate(int argc, char** argv, MpiJob* job) {
     return 0;
   }
   Args args("generate", argc, argv,
-            {"--model", "--prompt", "--file", "--prompt-ids", "--n-predict", "--temp", "--top-p", "--seed", "--teacher-ids",
+            {"--model", "--prompt", "--file", "--prompt-ids", "--image", "--n-predict", "--temp", "--top-p", "--seed", "--teacher-ids",
              "--prefill-mode", "--chunk", "--index-keys", "--dump-logits", "--prompt-cache", "--cache-mode", "--engram", "--ram", "--speculative", "--draft-length", "--oracle-drafts", "--acceptance-guard"},
             {"--json", "--ignore-eos", "--no-bos", "--expert-parallel"}, {{"-m", "--model"}, {"-p", "--prompt"}, {"-f", "--file"}, {"-n", "--n-predict"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
@@ -181,10 +199,14 @@ int run_generate(int argc, char** argv, MpiJob* job) {
   for (int32_t id : prompt) {
     if (id >= cfg.vocab_size) fail("--prompt-ids", "id " + std::to_string(id) + " is outside the vocabulary of " + std::to_string(cfg.vocab_size));
   }
+  for (const std::string& path : args.get_all("--image")) {
+    const std::vector<uint8_t> bytes = read_image_file(path);
+    req.images.push_back(prepare_image(bytes, cfg.vision, ImageDecodeLimits{}, path));
+  }
   for (int32_t id : teacher_ids) {
     if (id >= cfg.vocab_size) fail("--teacher-ids", "id " + std::to_string(id) + " is outside the vocabulary of " + std::to_string(cfg.vocab_size));
   }
-  if (static_cast<int64_t>(prompt.size()) + n_predict > cfg.max_seq_len) {
+  if (req.images.empty() && static_cast<int64_t>(prompt.size()) + n_predict > cfg.max_seq_len) {
     fail("generate", "prompt (" + std::to_string(prompt.size()) + ") plus -n (" + std::to_string(n_predict) +
                          ") exceeds the model's context of " + std::to_string(cfg.max_seq_len));
   }
@@ -270,7 +292,8 @@ int run_generate(int argc, char** argv, MpiJob* job) {
   if (json_out) {
     const RequestReport& rep = last.report;
     nlohmann::json j = {
-        {"prompt_tokens", prompt.size()},
+        {"prompt_tokens", last.prompt_tokens},  // image placeholders expanded into their spans
+        {"images", args.get_all("--image").size()},
         {"tokens", generated},
         {"text", tokenizer.decode(generated)},
         {"prefill_mode", mode},
@@ -285,7 +308,7 @@ int run_generate(int argc, char** argv, MpiJob* job) {
         {"timings",
          {{"prefill_s", prefill_s},
           {"decode_s", decode_s},
-          {"prefill_tok_s", prefill_s > 0 ? static_cast<double>(prompt.size()) / prefill_s : 0.0},
+          {"prefill_tok_s", prefill_s > 0 ? static_cast<double>(last.prompt_tokens) / prefill_s : 0.0},
           {"decode_tok_s", decode_s > 0 ? static_cast<double>(generated.size() - 1) / decode_s : 0.0}}},
     };
     if (req.speculative == SpeculativeMethod::DSpark) {

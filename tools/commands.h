@@ -22,5 +22,6 @@ int run_ppl(int argc, char** argv);
 int run_tokenizer(int argc, char** argv);
 int run_pack(int argc, char** argv);
 int run_plan(int argc, char** argv);
+int run_vision_encode(int argc, char** argv);
 
 }  // namespace dsv41::cli

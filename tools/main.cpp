@@ -23,8 +23,9 @@ commands:
                                                 resident bytes, disk reads per token, load time
   make-tiny --out DIR [--preset P] [--seed N]   write a random checkpoint in the released layout
                                                 (presets: tiny, small, bench, long)
-  generate -m DIR (-p TEXT | -f FILE | --prompt-ids IDS)
+  generate -m DIR (-p TEXT | -f FILE | --prompt-ids IDS) [--image FILE ...]
                                                 run the model: prefill, then sample or teacher-force
+  vision-encode -m DIR --image FILE --dump OUT  an image's pixels, patches, ViT and aligner outputs
   logits-diff A B [--json]                      compare two --dump-logits files (max diff, KL, top-1)
   bench -m DIR [--scenario engram] [--json]     measure the engine on a model
   serve -m DIR [--host H] [--port N]            the OpenAI-compatible HTTP server
@@ -70,6 +71,7 @@ int main(int argc, char** argv) {
     if (command == "serve") return dsv41::cli::run_serve(argc - 2, argv + 2);
     if (command == "chat") return dsv41::cli::run_chat(argc - 2, argv + 2);
     if (command == "ppl") return dsv41::cli::run_ppl(argc - 2, argv + 2);
+    if (command == "vision-encode") return dsv41::cli::run_vision_encode(argc - 2, argv + 2);
     if (command == "plan") return dsv41::cli::run_plan(argc - 2, argv + 2);
     if (command == "pack") return dsv41::cli::run_pack(argc - 2, argv + 2);
     if (command == "tokenizer") return dsv41::cli::run_tokenizer(argc - 2, argv + 2);

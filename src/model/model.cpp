@@ -183,8 +183,6 @@ std::vector<ForwardResult> Model::forward(std::vector<ForwardCall>& calls) const
       if (static_cast<int64_t>(sp.rows.size()) != positions * d)
         fail("image spans", "hold " + std::to_string(sp.rows.size()) + " values, not span positions·dim = " +
                                 std::to_string(positions * d));
-      // a replay rebuilds windows from token ids alone, which do not carry an image
-      if (opt.replay) fail("image spans", "cannot be replayed");
       for (int layer = 0; layer < c.n_layers && positions > 0; ++layer) {  // refused before any state moves
         if (weights_->layers[layer].ffn.gate_bias_vl.empty())
           fail("image spans", "the checkpoint has no layers." + std::to_string(layer) +
@@ -378,7 +376,17 @@ std::vector<int64_t> Model::engram_history(const std::vector<int32_t>& tokens) c
   if (config().engram_layer_ids.empty()) return {};
   const size_t keep = static_cast<size_t>(config().engram_max_ngram_size - 1);
   const size_t from = tokens.size() > keep ? tokens.size() - keep : 0;
-  return hasher_.compress(std::vector<int32_t>(tokens.begin() + static_cast<long>(from), tokens.end()));
+  std::vector<int32_t> recent(tokens.begin() + static_cast<long>(from), tokens.end());
+  std::vector<bool> dead(recent.size());
+  for (size_t i = 0; i < recent.size(); ++i) {
+    dead[i] = recent[i] < 0;
+    if (dead[i]) recent[i] = 0;
+  }
+  std::vector<int64_t> out = hasher_.compress(recent);
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (dead[i]) out[i] = kEngramDead;
+  }
+  return out;
 }
 
 MemoryPlan plan_model_memory(const ModelConfig& config, const Backend& backend, const ModelOptions& options) {

@@ -27,8 +27,7 @@ namespace dsv41 {
 // IMAGE, NEW_LINE, END alike), and their embedding rows as the span assembly wrote them (bf16 values,
 // dim each, in position order). They replace the token embeddings there, select experts with the
 // gate's bias_vl, and are DEAD for Engram (gate 0, and a wall for every later n-gram, kept in the
-// sequence's Engram history). Only Model::forward takes them so far: the runtime (sessions, the
-// prefix cache, replay) does not carry images, and engram_history() rebuilds from token ids alone.
+// sequence's Engram history). A replay of span positions takes their rows again (runtime/prompt_images.h).
 struct SpanEmbeddings {
   std::vector<uint8_t> mask;  // [count]: 1 at a span position
   std::vector<float> rows;    // [span positions, dim]
@@ -105,7 +104,9 @@ class Model {
 
   // A fresh sequence whose global rows live in `pools` (which must outlive it).
   SequenceState new_sequence(StatePools& pools) const;
-  // The Engram n-gram history after `tokens` (the compressed ids of the last max_ngram-1 of them).
+  // The Engram n-gram history after `tokens` (the compressed ids of the last max_ngram-1 of them). A
+  // negative id stands for an image-span position (a prompt's key tokens, runtime/prompt_images.h):
+  // DEAD, as the forward pass marked it.
   std::vector<int64_t> engram_history(const std::vector<int32_t>& tokens) const;
 
   // Runs every call in one pass through the layers: only the state-dependent parts (attention's

@@ -1,4 +1,5 @@
 #include "runtime/engine.h"
+#include "runtime/prompt_images.h"
 
 #include <algorithm>
 #include <atomic>
@@ -69,6 +70,7 @@ struct Engine::Impl {
     // a decode server's: the prefill server's answer for the prompt's prefix, while it is awaited
     std::future<std::vector<uint8_t>> handover;
     bool handover_asked = false;
+    std::vector<int64_t> image_starts;  // where params.images' spans start in the expanded prompt
     std::shared_ptr<const std::vector<uint8_t>> exported;  // export_state: for the final event
     std::chrono::steady_clock::time_point submitted, admitted;
   };
@@ -191,6 +193,7 @@ std::string Engine::model_name() const {
 }
 
 int Engine::draft_block_size() const { return impl_->drafter ? impl_->drafter->block_size() : 0; }
+bool Engine::sees_images() const { return impl_->model->weights().vision != nullptr; }
 
 uint64_t Engine::submit(RequestParams params, EventSink sink) {
   Impl& m = *impl_;
@@ -206,6 +209,10 @@ uint64_t Engine::submit(RequestParams params, EventSink sink) {
   for (int32_t t : params.prompt) {
     if (t < 0 || t >= c.vocab_size) fail("prompt", "token id " + std::to_string(t) + " is outside the vocabulary");
   }
+  if (!params.images.empty() && !m.model->weights().vision) {
+    fail("images", "this model has no vision tower to see them with");
+  }
+  std::vector<int64_t> image_starts = expand_image_placeholders(c, params.prompt, params.images);
   const int64_t total = static_cast<int64_t>(params.prompt.size()) + params.max_tokens;
   if (total > c.max_seq_len) {
     fail("max_tokens", "the prompt (" + std::to_string(params.prompt.size()) + " tokens) plus max_tokens (" +
@@ -221,6 +228,7 @@ uint64_t Engine::submit(RequestParams params, EventSink sink) {
   (void)probe;
   auto r = std::make_unique<Impl::Request>();
   r->params = std::move(params);
+  r->image_starts = std::move(image_starts);
   r->sink = std::move(sink);
   r->submitted = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(m.mu);
@@ -435,7 +443,12 @@ void Engine::Impl::start(Request& r, const CacheEntry* handed) {
     // that speculates drafts from the prompt as it would have prefilled it itself
     attach_drafter(*r.session, *drafter);
   }
-  r.session->begin_prefill(p.prompt, handed);
+  std::shared_ptr<const PromptImages> images;
+  if (!p.images.empty()) {
+    images = std::make_shared<const PromptImages>(encode_prompt_images(*model, p.images, r.image_starts));
+    r.params.images.clear();  // the patches are spent: the spans hold what the prefill needs
+  }
+  r.session->begin_prefill(p.prompt, handed, images);
   r.cached_tokens = r.session->cache_hit().cached_tokens;
   if (handed == nullptr) return;
   std::lock_guard<std::mutex> lock(mu);
@@ -460,7 +473,9 @@ bool Engine::Impl::await_handover(Request& r) {
     const int64_t n = static_cast<int64_t>(p.prompt.size());
     const int64_t boundary = PrefixCache::usable_boundary(n);
     const bool exact = opt.handover == CacheMode::Exact;
-    if (p.index_keys != IndexKeysMode::Owner || p.prefill_mode != PrefillMode::Exact || boundary < 2 * kTokensPerPage ||
+    // a prefill server gets token ids only: a prompt with images is prefilled here
+    if (!p.images.empty() || p.index_keys != IndexKeysMode::Owner || p.prefill_mode != PrefillMode::Exact ||
+        boundary < 2 * kTokensPerPage ||
         (exact && boundary < model->config().window_size) ||
         cache->ram_hit_tokens(p.prompt) + 2 * kTokensPerPage > boundary) {
       return true;

@@ -17,6 +17,7 @@
 #include "io/engram_store.h"
 #include "io/layer_roles.h"
 #include "runtime/cache_mode.h"
+#include "runtime/image_input.h"
 #include "runtime/sampling_params.h"
 #include "runtime/sequence_options.h"
 #include "text/tokenizer.h"
@@ -66,6 +67,10 @@ struct EngineOptions {
 
 struct RequestParams {
   std::vector<int32_t> prompt;               // token ids (the server renders and tokenizes)
+  // Images, in the order of the prompt's image placeholders (the config's image_token_id), each
+  // filling one: the engine expands every placeholder into its image's span (prompt_tokens counts
+  // the expanded prompt) and runs the vision tower when the request starts.
+  std::vector<ImageInput> images;
   int64_t max_tokens = 16;                   // 0: prefill only (the prompt's state, e.g. into the cache)
   SamplingParams sampling;
   std::vector<std::string> stop;             // stop strings: generation ends before any of them
@@ -164,6 +169,7 @@ class Engine {
   const ModelConfig& config() const;
   std::string model_name() const;  // the model folder's name
   int draft_block_size() const;    // DSpark's drafts per step; 0: the model has no drafter
+  bool sees_images() const;        // the checkpoint carries a vision tower (RequestParams::images)
 
   // Queues a request; throws Error for a request that can never run (empty prompt, prompt plus
   // max_tokens over the context, a token outside the vocabulary, bad sampling values, speculation

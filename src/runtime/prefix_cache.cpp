@@ -39,11 +39,26 @@ void PrefixCache::release(Block& b) {
   b.key_pages.clear();
 }
 
+namespace {
+
+// The largest block boundary at most `tokens` that no image span straddles.
+int64_t block_outside_spans(int64_t tokens, const PromptImages* images) {
+  int64_t b = tokens / kTokensPerPage * kTokensPerPage;
+  while (images && b > 0 && images->cut_at_or_before(b) != b) {
+    b = images->cut_at_or_before(b) / kTokensPerPage * kTokensPerPage;
+  }
+  return b;
+}
+
+}  // namespace
+
 void PrefixCache::replay(const std::vector<int32_t>& prompt, int64_t boundary, SequenceState& st, int64_t tail_start,
-                         CacheHit& hit) const {
+                         CacheHit& hit, const PromptImages* images) const {
   // Re-run the last `window` tokens before the boundary: enough to refill every window ring, and
-  // nothing older can be reached by a window. The global rows of these positions are read only.
-  const int64_t replayed = std::min<int64_t>(model_.config().window_size, boundary), start = boundary - replayed;
+  // nothing older can be reached by a window. The global rows of these positions are read only. A
+  // span the window's start would cut is replayed whole (from its start, with its rows).
+  int64_t start = boundary - std::min<int64_t>(model_.config().window_size, boundary);
+  if (images) start = images->cut_at_or_before(start);
   rewind_for_replay(st, start, model_.engram_history(std::vector<int32_t>(prompt.begin(), prompt.begin() + start)),
                     sources_.empty() ? -1 : sources_.back());
   ForwardOptions opt;
@@ -51,8 +66,15 @@ void PrefixCache::replay(const std::vector<int32_t>& prompt, int64_t boundary, S
   opt.index_keys = index_keys_;
   opt.tail_start = tail_start;  // decoder windows only where the prompt's tail begins, as in tail mode
   opt.prefill_length = static_cast<int64_t>(prompt.size());  // the lists a one-shot prefill gives them
-  model_.forward(st, std::vector<int32_t>(prompt.begin() + start, prompt.begin() + boundary), opt);
-  hit.replayed_tokens = replayed;
+  std::vector<int32_t> tokens(prompt.begin() + start, prompt.begin() + boundary);
+  if (images) {
+    opt.spans = images->slice(start, boundary);
+    for (int32_t& t : tokens) {
+      if (t < 0) t = static_cast<int32_t>(model_.config().vision.image_token_id);  // a key token: the span's id
+    }
+  }
+  model_.forward(st, tokens, opt);
+  hit.replayed_tokens = boundary - start;
 }
 
 int64_t PrefixCache::store_boundary(int64_t n) const {
@@ -60,18 +82,19 @@ int64_t PrefixCache::store_boundary(int64_t n) const {
   return mode_ == CacheMode::Exact && b < model_.config().window_size ? -1 : b;
 }
 
-CacheHit PrefixCache::restore(const std::vector<int32_t>& prompt, SequenceState& state, int64_t tail_start) {
+CacheHit PrefixCache::restore(const std::vector<int32_t>& prompt, SequenceState& state, int64_t tail_start,
+                              const PromptImages* images) {
   CacheHit hit;
   if (state.length() != 0) fail("prefix cache", "restores only into a fresh sequence");
   const int64_t limit = usable_boundary(static_cast<int64_t>(prompt.size()));
   if (limit <= 0) return hit;
 
   PrefixTree::Match m = tree_.match(prompt);
-  int64_t blocks = std::min(m.tokens, limit) / kTokensPerPage;
+  int64_t blocks = block_outside_spans(std::min(m.tokens, limit), images) / kTokensPerPage;
   if (mode_ == CacheMode::Exact) {  // only a boundary with a snapshot restores bit-identically
     while (blocks > 0 && !blocks_.at(m.path[blocks - 1]).snapshot) --blocks;
   }
-  if (disk_ && restore_from_disk(prompt, blocks * kTokensPerPage, state, tail_start, hit)) return hit;
+  if (disk_ && restore_from_disk(prompt, blocks * kTokensPerPage, state, tail_start, hit, images)) return hit;
   if (blocks == 0) return hit;
 
   SequenceState st = model_.new_sequence(pools_);
@@ -95,7 +118,7 @@ CacheHit PrefixCache::restore(const std::vector<int32_t>& prompt, SequenceState&
   if (mode_ == CacheMode::Exact) {
     blocks_.at(m.path.back()).snapshot->apply_to(st);
   } else {
-    replay(prompt, boundary, st, tail_start, hit);
+    replay(prompt, boundary, st, tail_start, hit, images);
   }
   state = std::move(st);
   hit.cached_tokens = boundary;
@@ -104,7 +127,7 @@ CacheHit PrefixCache::restore(const std::vector<int32_t>& prompt, SequenceState&
 }
 
 bool PrefixCache::restore_from_disk(const std::vector<int32_t>& prompt, int64_t better_than, SequenceState& state,
-                                    int64_t tail_start, CacheHit& hit) {
+                                    int64_t tail_start, CacheHit& hit, const PromptImages* images) {
   const int64_t limit = usable_boundary(static_cast<int64_t>(prompt.size()));
   // The best entry is tried first; one that turns out gone or bad is forgotten by the folder, so the
   // next pass finds the next best and every bad file costs one read, once. Each pass but the last
@@ -124,6 +147,7 @@ bool PrefixCache::restore_from_disk(const std::vector<int32_t>& prompt, int64_t 
       } else {
         usable = std::min(common, limit) / kTokensPerPage * kTokensPerPage;
       }
+      if (block_outside_spans(usable, images) != usable) usable = mode_ == CacheMode::Exact ? 0 : block_outside_spans(usable, images);
       if (usable > best_tokens) {
         best = name;
         best_tokens = usable;
@@ -131,7 +155,7 @@ bool PrefixCache::restore_from_disk(const std::vector<int32_t>& prompt, int64_t 
     }
     if (best.empty()) return false;
     try {
-      if (restore_entry(prompt, best, best_tokens, state, tail_start, hit)) return true;
+      if (restore_entry(prompt, best, best_tokens, state, tail_start, hit, images)) return true;
     } catch (const std::exception& e) {  // e.g. no memory for a large entry: only the cache is skipped
       disk_->reject(best, std::string("restoring it failed: ") + e.what());
     }
@@ -140,21 +164,22 @@ bool PrefixCache::restore_from_disk(const std::vector<int32_t>& prompt, int64_t 
 }
 
 bool PrefixCache::restore_entry(const std::vector<int32_t>& prompt, const std::string& name, int64_t best_tokens,
-                                SequenceState& state, int64_t tail_start, CacheHit& hit) {
+                                SequenceState& state, int64_t tail_start, CacheHit& hit, const PromptImages* images) {
   const std::optional<CacheEntry> entry = disk_->read(name);  // gone or bad: logged and forgotten there
   if (!entry) return false;
   auto reject = [&](const std::string& reason) {
     disk_->reject(name, reason);
     return false;
   };
-  const std::string why = restore_sections(prompt, *entry, best_tokens, mode_, state, tail_start, hit);
+  const std::string why = restore_sections(prompt, *entry, best_tokens, mode_, state, tail_start, hit, images);
   if (!why.empty()) return reject(why);
   hit.source = "disk";
   return true;
 }
 
 std::string PrefixCache::restore_sections(const std::vector<int32_t>& prompt, const CacheEntry& entry, int64_t tokens,
-                                          CacheMode mode, SequenceState& state, int64_t tail_start, CacheHit& hit) const {
+                                          CacheMode mode, SequenceState& state, int64_t tail_start, CacheHit& hit,
+                                          const PromptImages* images) const {
   SequenceState st = model_.new_sequence(pools_);
   if (!load_global_row_sections(st, model_.config(), entry.sections, tokens)) return "its rows do not fit this model";
   set_restored_length(st, tokens);
@@ -163,7 +188,7 @@ std::string PrefixCache::restore_sections(const std::vector<int32_t>& prompt, co
     if (!s) return "its window snapshot does not fit this model";
     s->apply_to(st);
   } else {
-    replay(prompt, tokens, st, tail_start, hit);  // as the RAM tier: decoder windows from the tail on
+    replay(prompt, tokens, st, tail_start, hit, images);  // as the RAM tier: decoder windows from the tail on
   }
   state = std::move(st);
   hit.cached_tokens = tokens;

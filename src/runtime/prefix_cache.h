@@ -21,6 +21,7 @@
 
 #include "model/model.h"
 #include "runtime/cache_mode.h"
+#include "runtime/prompt_images.h"
 #include "state/cache_folder.h"
 #include "state/prefix_tree.h"
 #include "state/sequence_snapshot.h"
@@ -62,8 +63,11 @@ class PrefixCache {
 
   // Restores the longest usable cached prefix of `prompt` into `state` (a fresh sequence). In replay
   // mode this runs the bounded replay; `tail_start` is where the prompt's tail (the decoder's rows)
-  // begins, -1 for the exact path.
-  CacheHit restore(const std::vector<int32_t>& prompt, SequenceState& state, int64_t tail_start);
+  // begins, -1 for the exact path. A prompt with images (runtime/prompt_images.h) is given as its key
+  // tokens with `images`: no boundary falls inside a span, and a replay takes the spans' rows and
+  // starts where no span is cut.
+  CacheHit restore(const std::vector<int32_t>& prompt, SequenceState& state, int64_t tail_start,
+                   const PromptImages* images = nullptr);
 
   // Prompt tokens restore() would take from RAM for `prompt` (0: none), without restoring them.
   int64_t ram_hit_tokens(const std::vector<int32_t>& prompt) const;
@@ -94,15 +98,16 @@ class PrefixCache {
   };
   void release(Block& block);
   void replay(const std::vector<int32_t>& prompt, int64_t boundary, SequenceState& state, int64_t tail_start,
-              CacheHit& hit) const;
+              CacheHit& hit, const PromptImages* images) const;
   bool restore_from_disk(const std::vector<int32_t>& prompt, int64_t better_than, SequenceState& state, int64_t tail_start,
-                         CacheHit& hit);
+                         CacheHit& hit, const PromptImages* images);
   bool restore_entry(const std::vector<int32_t>& prompt, const std::string& name, int64_t best_tokens,
-                     SequenceState& state, int64_t tail_start, CacheHit& hit);
+                     SequenceState& state, int64_t tail_start, CacheHit& hit, const PromptImages* images);
   // The first `tokens` tokens of `entry` restored into a fresh sequence moved into `state`, exact or
   // replayed per `mode`; "" then, else why it does not fit this model (`state` untouched).
   std::string restore_sections(const std::vector<int32_t>& prompt, const CacheEntry& entry, int64_t tokens,
-                               CacheMode mode, SequenceState& state, int64_t tail_start, CacheHit& hit) const;
+                               CacheMode mode, SequenceState& state, int64_t tail_start, CacheHit& hit,
+                               const PromptImages* images = nullptr) const;
 
   const Model& model_;
   StatePools& pools_;

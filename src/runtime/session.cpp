@@ -11,8 +11,13 @@ Session::Session(const Model& model, StatePools& pools, SessionOptions options, 
   if (options_.chunk < 0) fail("chunk", "must be >= 0");
 }
 
-void Session::begin_prefill(const std::vector<int32_t>& tokens, const CacheEntry* handed) {
+void Session::begin_prefill(const std::vector<int32_t>& tokens, const CacheEntry* handed,
+                            std::shared_ptr<const PromptImages> images) {
   if (tokens.empty()) fail("prompt", "is empty");
+  if (images && images->empty()) images.reset();
+  if (images && images->spans().back().start + images->spans().back().length > static_cast<int64_t>(tokens.size())) {
+    fail("images", "a span reaches past the prompt's end");
+  }
   if (prefill_pending()) fail("prefill", "the previous prompt is still being prefilled");
   const int64_t n = static_cast<int64_t>(tokens.size()), origin = state_.length();
   pending_opt_ = {};
@@ -27,15 +32,19 @@ void Session::begin_prefill(const std::vector<int32_t>& tokens, const CacheEntry
   disk_bytes_ = 0;
   stored_tokens_ = 0;
   const bool caching = cache_ && origin == 0;
+  // the prompt as the cache and the Engram history see it: image spans by their content
+  const std::vector<int32_t> keys = images ? images->key_tokens(tokens) : tokens;
   handover_refusal_.clear();
-  if (caching && handed != nullptr) {
+  if (caching && handed != nullptr && images) {
+    handover_refusal_ = "a prompt with images is prefilled here";  // a prefill server gets token ids only
+  } else if (caching && handed != nullptr) {
     try {
       hit_ = cache_->restore_handed(tokens, *handed, state_, pending_opt_.tail_start);
     } catch (const Error& e) {
       handover_refusal_ = e.what();
     }
   }
-  if (caching && hit_.cached_tokens == 0) hit_ = cache_->restore(tokens, state_, pending_opt_.tail_start);
+  if (caching && hit_.cached_tokens == 0) hit_ = cache_->restore(keys, state_, pending_opt_.tail_start, images.get());
   // With a cache, one call ends exactly at the last block boundary so the state there can be stored.
   // A tail-mode prompt's decoder windows hold only its last rows, so its state at a boundary is not
   // what an exact prefill leaves there: an exact-mode cache (which promises bit-identical restores)
@@ -43,17 +52,22 @@ void Session::begin_prefill(const std::vector<int32_t>& tokens, const CacheEntry
   const bool storable =
       caching && (options_.prefill_mode == PrefillMode::Exact || cache_->mode() == CacheMode::Replay);
   store_at_ = storable ? cache_->store_boundary(n) : -1;
+  while (images && store_at_ > 0 && images->cut_at_or_before(store_at_) != store_at_) {
+    store_at_ = cache_->store_boundary(images->cut_at_or_before(store_at_));  // a span is stored whole or not at all
+  }
   if (hit_.source == "peer" && store_at_ == hit_.cached_tokens) {
     // a prefill server's state is this server's to reuse: the next turn of the conversation finds
     // its history here instead of asking for it again
-    disk_bytes_ = cache_->store({tokens.begin(), tokens.begin() + store_at_}, state_);
+    disk_bytes_ = cache_->store({keys.begin(), keys.begin() + store_at_}, state_);
     stored_tokens_ = store_at_;
   }
   pending_ = tokens;
+  pending_keys_ = keys;
+  pending_images_ = std::move(images);
   pending_origin_ = origin;
   pending_done_ = state_.length() - origin;
   last_logits_.clear();
-  history_.insert(history_.end(), tokens.begin(), tokens.end());
+  history_.insert(history_.end(), keys.begin(), keys.end());
 }
 
 int64_t Session::prefill_step(int64_t max_tokens) {
@@ -61,12 +75,19 @@ int64_t Session::prefill_step(int64_t max_tokens) {
   const int64_t n = static_cast<int64_t>(pending_.size()), done = pending_done_;
   int64_t end = std::min(n, done + std::max<int64_t>(max_tokens, 1));
   if (done < store_at_ && store_at_ < end) end = store_at_;
-  ForwardResult r = model_.forward(state_, {pending_.begin() + done, pending_.begin() + end}, pending_opt_);
+  ForwardOptions opt = pending_opt_;
+  if (pending_images_) {
+    // a span is prefilled in one piece: the chunk stops before it, or takes all of it
+    const int64_t before = pending_images_->cut_at_or_before(end);
+    end = before > done ? before : pending_images_->cut_at_or_after(end);
+    opt.spans = pending_images_->slice(done, end);
+  }
+  ForwardResult r = model_.forward(state_, {pending_.begin() + done, pending_.begin() + end}, opt);
   if (observer_) observer_(state_, r, pending_origin_ + done, end - done);
   pending_done_ = end;
   if (end == n) last_logits_ = std::move(r.logits);
   if (end == store_at_ && store_at_ > hit_.cached_tokens) {
-    disk_bytes_ = cache_->store({pending_.begin(), pending_.begin() + store_at_}, state_);
+    disk_bytes_ = cache_->store({pending_keys_.begin(), pending_keys_.begin() + store_at_}, state_);
     stored_tokens_ = store_at_;
   }
   return end - done;

@@ -10,6 +10,7 @@
 
 #include "model/model.h"
 #include "runtime/prefix_cache.h"
+#include "runtime/prompt_images.h"
 #include "runtime/sequence_options.h"
 #include "state/sequence_snapshot.h"
 #include "state/state_pools.h"
@@ -41,7 +42,10 @@ class Session {
   // at the prompt's last position. `handed`: the state of a prefix of the prompt that a prefill
   // server computed (PrefixCache::restore_handed), restored in place of what the cache holds; one
   // that does not fit is set aside (handover_refusal() says why) and the cache serves as usual.
-  void begin_prefill(const std::vector<int32_t>& tokens, const CacheEntry* handed = nullptr);
+  // `images`: the prompt's image spans (runtime/prompt_images.h), whose rows replace the token
+  // embeddings there; a span is prefilled in one chunk, and the cache keys it by its image.
+  void begin_prefill(const std::vector<int32_t>& tokens, const CacheEntry* handed = nullptr,
+                     std::shared_ptr<const PromptImages> images = nullptr);
   const std::string& handover_refusal() const { return handover_refusal_; }
   bool prefill_pending() const { return pending_done_ < static_cast<int64_t>(pending_.size()); }
   int64_t prefill_step(int64_t max_tokens);
@@ -78,7 +82,8 @@ class Session {
   // Called after every target forward of this session with its result and the positions it ran.
   using Observer = std::function<void(SequenceState&, const ForwardResult&, int64_t start, int64_t count)>;
   void set_observer(Observer observer) { observer_ = std::move(observer); }
-  // Every token the session has run, in order (the prompt, then decoded tokens).
+  // Every token the session has run, in order (the prompt, then decoded tokens), image spans as key
+  // tokens (negative, PromptImages::key_tokens).
   const std::vector<int32_t>& history() const { return history_; }
   const SessionOptions& options() const { return options_; }
   const CacheHit& cache_hit() const { return hit_; }           // what the last prefill got from the cache
@@ -105,7 +110,8 @@ class Session {
   ForwardResult result_;
   VerifyCheckpoint checkpoint_;
   // the prompt being prefilled step by step
-  std::vector<int32_t> pending_;
+  std::vector<int32_t> pending_, pending_keys_;
+  std::shared_ptr<const PromptImages> pending_images_;
   int64_t pending_done_ = 0, pending_origin_ = 0, store_at_ = -1;
   ForwardOptions pending_opt_;
   std::vector<float> last_logits_;

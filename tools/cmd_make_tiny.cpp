@@ -27,7 +27,7 @@ int run_make_tiny(int argc, char** argv) {
   if (wants_help(argc, argv)) {
     std::puts(
         "usage: dsv41 make-tiny --out DIR [--preset tiny|small|bench|long|stream|released-sparse] [--seed N]\n"
-        "                       [--tokenizer FILE] [--config FILE] [--experts N]\n\n"
+        "                       [--tokenizer FILE] [--config FILE] [--experts N] [--vision]\n\n"
         "Presets: tiny (hidden 128, 4K positions), small (hidden 512), bench (the released per-layer\n"
         "widths, 8 layers), long (tiny's widths with the released 128-token window, 1M positions, top-k 64\n"
         "and a 256-block pool: selection is sparse from a few thousand tokens on).\n"
@@ -35,7 +35,10 @@ int run_make_tiny(int argc, char** argv) {
         "inference/config.json, tokenizer.json, sharded safetensors with model.safetensors.index.json,\n"
         "FP8 dense weights with 32x32 UE8M0 scales, MXFP4 experts, FP8 Engram tables, mtp.* DSpark blocks.\n"
         "--tokenizer uses that tokenizer.json (e.g. from 'dsv41 tokenizer train') instead of the built-in\n"
-        "one: the vocabulary, DSpark's noise token and the Engram tables follow it.\n\n"
+        "one: the vocabulary, DSpark's noise token and the Engram tables follow it.\n"
+        "--vision adds a vision tower (ViT, aligner, span vectors, every layer's bias_vl): the released\n"
+        "tower's geometry (32 layers of 1024) on bench, the golden tiny-vision tower's (2 layers of 64) on\n"
+        "the others.\n\n"
         "stream: the released config's 40 layers at their released widths and roles, with --experts routed\n"
         "experts a layer (default 32; 8 in the DSpark blocks), a 32K vocabulary and Engram tables over a\n"
         "100K n-gram vocabulary: about 34 GB of random weights, for runs whose experts do not fit in RAM.\n\n"
@@ -47,7 +50,7 @@ int run_make_tiny(int argc, char** argv) {
         "vocabulary is the config's (the released tokenizer is not part of this project).");
     return 0;
   }
-  Args args("make-tiny", argc, argv, {"--out", "--preset", "--seed", "--tokenizer", "--config", "--experts"}, {},
+  Args args("make-tiny", argc, argv, {"--out", "--preset", "--seed", "--tokenizer", "--config", "--experts"}, {"--vision"},
             {{"-o", "--out"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument (the folder goes after --out)");
   const std::string out = args.required("--out");
@@ -69,6 +72,9 @@ int run_make_tiny(int argc, char** argv) {
   }
   if (args.has("--config") && preset != "stream") fail("--config", "is for --preset released-sparse or stream only");
   if (args.has("--experts") && preset != "stream") fail("--experts", "is for --preset stream only");
+  if (args.has("--vision") && (preset == "stream" || preset == "released-sparse")) {
+    fail("--vision", "is for the tiny, small, bench and long presets (released-sparse has the released tower)");
+  }
   if (preset == "stream") {
     // The released geometry with fewer experts and smaller Engram tables and vocabulary.
     ModelConfig c = parse_config(args.has("--config") ? read_json_file(args.get("--config"))
@@ -94,13 +100,14 @@ int run_make_tiny(int argc, char** argv) {
   } else {
     tokenizer = build_tiny_tokenizer(synthetic_config(preset).vocab_size);
   }
-  const ModelConfig config = synthetic_config(preset, tokenizer);
+  ModelConfig config = synthetic_config(preset, tokenizer);
+  if (args.has("--vision")) config = with_synthetic_vision(config, tokenizer);
   const ParamCounts params = count_params(config);
   std::fprintf(stderr, "writing preset '%s' (seed %llu): %.1f M parameters, %.1f MB of tensors to %s\n",
                preset.c_str(), static_cast<unsigned long long>(seed), static_cast<double>(params.total) / 1e6,
                static_cast<double>(params.checkpoint_bytes) / 1e6, out.c_str());
   auto t0 = std::chrono::steady_clock::now();
-  write_synthetic_checkpoint(out, preset, seed, tokenizer);
+  write_synthetic_checkpoint(out, config, seed, tokenizer, synthetic_shard_bytes(preset));
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr, "done in %.1f s\n", s);
   return 0;

@@ -104,7 +104,9 @@ void write_checkpoint(const std::string& dir, const ModelConfig& c, const json& 
   write_json(fs::path(dir) / "tokenizer.json", tokenizer);
 
   ShardedWriter writer(dir, shard_bytes);
-  const auto specs = checkpoint_tensors(c);
+  std::vector<TensorSpec> specs = checkpoint_tensors(c);
+  // A vision tower brings the image routing biases and its own tensors (none without one).
+  for (const auto& extra : {image_routing_biases(c), vision_tensors(c)}) specs.insert(specs.end(), extra.begin(), extra.end());
   for (size_t i = 0; i < specs.size(); ++i) {
     const TensorSpec& s = specs[i];
     if (s.kind == TensorKind::Scale) continue;  // written with its weight

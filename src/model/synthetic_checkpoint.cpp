@@ -78,7 +78,11 @@ Init init_for(const TensorSpec& s, const ModelConfig& c) {
   if (ends_with(n, "hc_attn_base") || ends_with(n, "hc_ffn_base")) return {0, 0.5f};
   if (ends_with(n, "hc_attn_scale") || ends_with(n, "hc_ffn_scale")) return {-0.65f, 0.2f};
   if (ends_with(n, "attn_sink")) return {-0.2f, 0.7f};
-  if (ends_with(n, "gate.bias")) return {0.5f, 0.3f};
+  if (ends_with(n, "gate.bias") || ends_with(n, "gate.bias_vl")) return {0.5f, 0.3f};
+  // The vision tower: its norms near one, biases small, the span vectors like embedding rows.
+  if (ends_with(n, "norm1.weight") || ends_with(n, "norm2.weight")) return {1.0f, 0.1f};
+  if (ends_with(n, ".bias")) return {0, 0.02f};
+  if (n == "image_start" || n == "image_end" || n == "image_newline") return {0, 0.12f};
   if (ends_with(n, "gate.weight")) return {0, 3.0f / std::sqrt(static_cast<float>(c.dim))};
   if (s.kind == TensorKind::EngramTable) return {0, 0.5f};
   return {0, 1.0f / std::sqrt(k)};  // projections: unit gain
@@ -246,15 +250,48 @@ ModelConfig complete_synthetic_config(ModelConfig c, const json& tokenizer) {
   return c;
 }
 
+ModelConfig with_synthetic_vision(ModelConfig c, const json& tokenizer) {
+  const Tokenizer tok = Tokenizer::from_json(tokenizer, "tokenizer");
+  const auto image = tok.token_id("<｜deepseek_image｜>");
+  if (!image) fail("tokenizer", "has no <｜deepseek_image｜> token, which images are placed with");
+  VisionConfig& v = c.vision;
+  if (c.dim >= 1024) {
+    // The released tower (config.json's vision_config): 32 layers of 1024, 16 heads, MLP 2816.
+    v.n_layers = 32;
+    v.dim = 1024;
+    v.n_heads = 16;
+    v.inter_dim = 2816;
+    v.max_image_tokens = 1024;
+    v.min_pixels = 544 * 544;
+  } else {
+    // The golden tiny-vision tower's geometry: 2 layers of 64, 4 heads, MLP 176.
+    v.n_layers = 2;
+    v.dim = 64;
+    v.n_heads = 4;
+    v.inter_dim = 176;
+    v.max_image_tokens = 48;
+    v.min_pixels = 126 * 126;
+  }
+  v.patch_size = 14;
+  v.rope_theta = 10000;
+  v.downsample_ratio = 3;
+  v.image_token_id = *image;
+  validate_config(c);
+  return c;
+}
+
 void write_synthetic_checkpoint(const std::string& dir, const std::string& preset, uint64_t seed) {
   write_synthetic_checkpoint(dir, preset, seed, build_tiny_tokenizer(synthetic_config(preset).vocab_size));
 }
 
 void write_synthetic_checkpoint(const std::string& dir, const std::string& preset, uint64_t seed,
                                 const json& tokenizer) {
+  write_synthetic_checkpoint(dir, synthetic_config(preset, tokenizer), seed, tokenizer, synthetic_shard_bytes(preset));
+}
+
+uint64_t synthetic_shard_bytes(const std::string& preset) {
   // Shards small enough that even the tiny model has several, as the release does.
-  const uint64_t shard_bytes = preset == "tiny" || preset == "long" ? (1u << 20) : preset == "small" ? (64u << 20) : (2ull << 30);
-  write_synthetic_checkpoint(dir, synthetic_config(preset, tokenizer), seed, tokenizer, shard_bytes);
+  return preset == "tiny" || preset == "long" ? (1u << 20) : preset == "small" ? (64u << 20) : (2ull << 30);
 }
 
 void write_synthetic_checkpoint(const std::string& dir, const ModelConfig& c, uint64_t seed, const json& tokenizer,

@@ -31,9 +31,17 @@ void write_synthetic_checkpoint(const std::string& dir, const std::string& prese
 void write_synthetic_checkpoint(const std::string& dir, const std::string& preset, uint64_t seed,
                                 const nlohmann::json& tokenizer);
 
+// The shard size a preset is written in.
+uint64_t synthetic_shard_bytes(const std::string& preset);
+
 // Another geometry (a preset's config with fewer layers or experts, say): the tokenizer-derived values
 // filled in and validated as a preset's are, then its random weights written.
 ModelConfig complete_synthetic_config(ModelConfig geometry, const nlohmann::json& tokenizer);
+// The same model with a vision tower (make-tiny --vision): the released tower's geometry on a model of
+// the released width (hidden 1024 or more), the golden tiny-vision tower's on smaller ones; the image
+// placeholder is the tokenizer's <｜deepseek_image｜>. Its weights and every layer's bias_vl are then
+// written with the rest.
+ModelConfig with_synthetic_vision(ModelConfig config, const nlohmann::json& tokenizer);
 void write_synthetic_checkpoint(const std::string& dir, const ModelConfig& config, uint64_t seed,
                                 const nlohmann::json& tokenizer, uint64_t shard_bytes);
 

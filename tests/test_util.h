@@ -10,11 +10,14 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "io/config.h"
 #include "model/model.h"
 #include "model/synthetic_checkpoint.h"
 #include "runtime/sampler.h"
 #include "state/state_pools.h"
+#include "text/tiny_tokenizer.h"
 
 // Sanitizer builds (cmake -DDSV41_SANITIZE=address|thread) run several times slower and hold more
 // memory (ASan's shadow and quarantine): a test that checks a speed or a peak memory skips there with
@@ -107,6 +110,20 @@ inline const std::string& tiny_model_dir() {
 inline const std::string& long_model_dir() {
   static TempDir dir;
   static const bool written = (write_synthetic_checkpoint(dir.path(), "long", 0), true);
+  (void)written;
+  return dir.path();
+}
+
+// The tiny preset with a vision tower (make-tiny --vision: tiny-vision's tower geometry and image
+// plan, the tiny preset's tokenizer, so chat text tokenizes), written once per test process.
+inline const std::string& tiny_vision_model_dir() {
+  static TempDir dir;
+  static const bool written = [] {
+    const nlohmann::json tokenizer = build_tiny_tokenizer(synthetic_config("tiny").vocab_size);
+    write_synthetic_checkpoint(dir.path(), with_synthetic_vision(synthetic_config("tiny", tokenizer), tokenizer), 0,
+                               tokenizer, synthetic_shard_bytes("tiny"));
+    return true;
+  }();
   (void)written;
   return dir.path();
 }

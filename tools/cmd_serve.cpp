@@ -56,6 +56,8 @@ constexpr const char* kHelp = R"(usage: dsv41 serve -m DIR [options]
       --header-timeout S     deadline for a whole request head, keep-alive idling included (default 30)
       --body-timeout S       deadline for a whole request body (default 60)
       --thinking on|off      chat template default when a request does not say (default on)
+      --max-images N         image parts one chat request may carry (default 8; 0 refuses images)
+      --max-image-pixels N   width x height an image may have, checked before it is decoded (default 41943040)
       --default-max-tokens N max_tokens of a request that sets none, capped by the context (default 8192)
       --served-model-name N[,ALIAS...]
                              the model id clients use (default: the model folder's name); further
@@ -140,7 +142,8 @@ int run_serve(int argc, char** argv, MpiJob* job) {
              "--cache-ram-mb", "--prefill-chunk", "--engram", "--ram", "--threads", "--thinking", "--default-max-tokens",
              "--served-model-name", "--api-key", "--api-key-file", "--cors-origins", "--max-connections", "--prompt-cache-disk-mb",
              "--request-timeout", "--header-timeout", "--body-timeout", "--speculative", "--draft-length",
-             "--role", "--prefill-peer", "--handover", "--handover-listen", "--handover-timeout"},
+             "--role", "--prefill-peer", "--handover", "--handover-listen", "--handover-timeout", "--max-images",
+             "--max-image-pixels"},
             {"--log-requests", "--test-hooks", "--expert-parallel"}, {{"-m", "--model"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
 
@@ -192,6 +195,9 @@ int run_serve(int argc, char** argv, MpiJob* job) {
   so.chat.thinking = thinking == "on";
   so.log_requests = args.has("--log-requests");
   so.test_hooks = args.has("--test-hooks");
+  so.images.max_images = static_cast<size_t>(args.get_int("--max-images", 8, 0, 1024));
+  so.images.decode.max_pixels = static_cast<uint64_t>(args.get_int("--max-image-pixels", int64_t{40} << 20, 1, int64_t{1} << 32));
+  so.images.decode.max_encoded_bytes = so.max_body_bytes;  // a base64 image fits in a body, or nowhere
   so.default_max_tokens = args.get_int("--default-max-tokens", 8192, 1, int64_t{1} << 40);
   if (args.has("--served-model-name")) so.served_model_names = name_list(args.get("--served-model-name"), "--served-model-name");
   if (args.has("--cors-origins")) so.cors_origins = name_list(args.get("--cors-origins"), "--cors-origins");

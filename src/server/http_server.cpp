@@ -223,6 +223,8 @@ struct HttpServer::Impl {
     info.test_hooks = options.test_hooks;
     info.default_max_tokens = options.default_max_tokens;
     info.draft_block_size = engine.draft_block_size();
+    info.vision = engine.sees_images() ? &engine.config().vision : nullptr;
+    info.images = options.images;
     policy.api_key = options.api_key;
     policy.cors_origins = options.cors_origins;
     policy.loopback_only_hosts = is_loopback_address(options.host);

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "runtime/engine.h"
+#include "server/image_parts.h"
 #include "text/chat_encoding.h"
 
 namespace dsv41::server {
@@ -38,6 +39,7 @@ struct ServerOptions {
   size_t max_connections = 1024;              // more connections are answered 503 and closed
   int threads = 4;                            // workers that parse and tokenize request bodies
   ChatOptions chat;                           // template defaults (thinking on unless a request says off)
+  ImageLimits images;                         // images per request, their bytes and pixels
   int64_t default_max_tokens = 8192;          // max_tokens of a request that gives none (capped by the context)
   std::chrono::milliseconds header_timeout{30000};  // deadline for a whole request head (and keep-alive idling)
   std::chrono::milliseconds body_timeout{60000};    // deadline for a whole body once its head is in

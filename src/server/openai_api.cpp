@@ -98,7 +98,8 @@ void parse_chat(const ojson& body, const ModelInfo& model, ApiRequest& req) {
   } catch (const nlohmann::json::exception& e) {
     throw invalid_request("messages", std::string("malformed chat request: ") + e.what());
   }
-  if (!prompt.images.empty()) throw invalid_request("messages", "image inputs are not supported by this server");
+  // each image part became a placeholder in the text; the engine expands it into the image's span
+  req.params.images = load_image_parts(prompt.images, model.vision, model.images);
   req.thinking = prompt.starts_in_reasoning;  // where the output begins (a continued answer starts outside reasoning)
   req.prompt_text = std::move(prompt.text);
   req.params.prompt = model.tokenizer->encode(req.prompt_text, /*parse_special=*/true);

@@ -29,6 +29,7 @@
 
 #include "runtime/engine.h"
 #include "server/api_error.h"
+#include "server/image_parts.h"
 #include "text/chat_encoding.h"
 #include "text/tokenizer.h"
 
@@ -52,6 +53,8 @@ struct ModelInfo {
   // model emits, token for token, so tool-call parsing can be checked end to end on a random model.
   bool test_hooks = false;
   int draft_block_size = 0;    // DSpark's drafts per step (0: the model has no drafter)
+  const VisionConfig* vision = nullptr;  // the model's vision tower (null or disabled: images refused)
+  ImageLimits images;          // per request: count, encoded bytes, pixels
 };
 
 inline constexpr int kMaxTopLogprobs = 20;

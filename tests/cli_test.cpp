@@ -545,6 +545,45 @@ TEST(CliBench, LongContextReportsTheAgentsShape) {
   EXPECT_NE(short_model.out.find("needs 33024 positions but the model has 4096"), std::string::npos) << short_model.out;
 }
 
+// make-tiny --vision writes a tower (tiny-vision's geometry on the tiny preset, every layer's bias_vl)
+// that the engine loads and feeds an image through; the vision scenario plans each image as the
+// reference does (tiny-vision's README: pixel size, ViT patches, span tokens of its three images) and
+// reports the tower's rate against the register-only peak, never above it. A checkpoint without a
+// tower is refused by name.
+TEST(CliBench, VisionScenarioRunsAMadeTower) {
+  test::TempDir dir;
+  const std::string model = dir / "vision";
+  auto made = test::run_dsv41("make-tiny --out " + model + " --vision");
+  ASSERT_EQ(made.status, 0) << made.out;
+  auto gen = test::run_dsv41("generate -m " + model + " -p '<｜deepseek_image｜>\n\nWhat is it?' --image " +
+                             test::golden_dir("tiny-vision") + "/images/a_gradient_100x60.png -n 3 --temp 0 --json");
+  ASSERT_EQ(gen.status, 0) << gen.out;
+  const auto g = nlohmann::json::parse(gen.out.substr(gen.out.find("{")));
+  EXPECT_EQ(g["images"], 1) << g;
+  EXPECT_GT(g["prompt_tokens"].get<int64_t>(), 17) << "the placeholder became a 17-position span" << g;
+
+  auto r = test::run_dsv41("bench -m " + model + " --scenario vision --image-sizes 100x60,200x260,400x300 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  const auto& v = j["vision"];
+  ASSERT_EQ(v.size(), 3u) << j;
+  const std::array<std::tuple<const char*, int, int>, 3> plans = {
+      std::tuple{"168x98", 84, 17}, std::tuple{"210x266", 285, 44}, std::tuple{"280x210", 300, 42}};
+  for (size_t i = 0; i < 3; ++i) {
+    const auto& [resized, patches, tokens] = plans[i];
+    EXPECT_EQ(v[i]["resized"], resized) << v[i];
+    EXPECT_EQ(v[i]["vit_patches"], patches) << v[i];
+    EXPECT_EQ(v[i]["image_tokens"], tokens) << v[i];
+    EXPECT_GT(v[i]["image_tokens_s"].get<double>(), 0) << v[i];
+    EXPECT_DOUBLE_EQ(v[i]["image_tokens_s"].get<double>(), tokens / v[i]["seconds"].get<double>()) << v[i];
+    EXPECT_GT(v[i]["flops_efficiency"].get<double>(), 0) << v[i];
+    EXPECT_LT(v[i]["flops_efficiency"].get<double>(), 1.1) << "above the register-only peak: a miscount " << v[i];
+  }
+  expect_errors({{"bench -m " + test::tiny_model_dir() + " --scenario vision", "has no vision tower"},
+                 {"bench -m " + model + " --scenario vision --image-sizes 10x", "expects comma-separated WxH"},
+                 {"make-tiny --out " + (dir / "x") + " --preset stream --vision", "--vision"}});
+}
+
 // The peaks are the hardware's, one per unit the CPU has, and consistent with themselves: all cores
 // at least one core, at most cores × one core; the GEMM rows are the kernels' measured rates at the
 // released shapes, at every SIMD level the machine runs, over the best peak and over the peak of the

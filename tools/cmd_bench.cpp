@@ -23,6 +23,10 @@
 #include "model/model.h"
 #include "model/model_stats.h"
 #include "io/engram_store.h"
+#include "image/image_plan.h"
+#include "model/vision_tower.h"
+#include "numeric/formats.h"
+#include "runtime/image_prepare.h"
 #include "model/tensor_layout.h"
 #include "runtime/engine.h"
 #include "runtime/cache_mode.h"
@@ -458,6 +462,89 @@ nlohmann::json bench_concurrency(const std::string& dir, const std::shared_ptr<c
   return out;
 }
 
+// The unit a level's ViT linears compute on: bf16 weights against fp32 activations, on the fp32 FMA
+// path of every level but AMX (whose linear_bf16 runs on the tiles; linear_f32 stays fp32 there too).
+const char* vision_unit(Isa level) {
+  switch (level) {
+    case Isa::amx_bf16:
+    case Isa::avx512_bf16:
+    case Isa::avx512:
+      return "avx512_fp32_fma";
+    case Isa::avx2:
+      return "avx2_fp32_fma";
+    case Isa::scalar:
+      break;
+  }
+  return "";
+}
+
+// vision: one image of each pixel size (WxH) through the vision tower on the model's backend (the ViT,
+// the aligner, the span rows: what a request's image costs before its span is prefilled), with
+// seeded patch values; its plan is the model's (the size it is resized to, its patches, its span).
+// Image tokens/s counts the span's positions; FLOPs are 2 per multiply-add of the ViT's linears and
+// attention and of the aligner, against the best unit's peak and the peak of the unit it runs on.
+nlohmann::json bench_vision(const Model& m, const std::vector<std::pair<int64_t, int64_t>>& sizes, const Limits& lim,
+                            const std::vector<UnitPeak>& peaks) {
+  const ModelConfig& c = m.config();
+  if (!m.weights().vision) fail("--scenario vision", "the checkpoint has no vision tower (make-tiny --vision writes one)");
+  const VisionTower tower(m.backend(), *m.weights().vision, c.vision, c.dim);
+  double unit_peak = 0;
+  for (const UnitPeak& p : peaks) {
+    if (p.unit == vision_unit(m.backend().level())) unit_peak = p.gflops;
+  }
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& [w, h] : sizes) {
+    const ImagePlan plan = plan_image_grid(w, h, preprocess_config(c.vision));
+    const ImageGrid grid{plan.n_vit_h, plan.n_vit_w};
+    std::mt19937 rng(static_cast<uint32_t>(w * 7919 + h));
+    std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+    std::vector<float> patches(static_cast<size_t>(plan.num_patches() * c.vision.patch_values()));
+    for (float& x : patches) x = round_bf16(value(rng));
+    tower.embed(patches.data(), grid);  // warm: scratch, pages, caches
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<float> rows = tower.embed(patches.data(), grid);
+    const double secs = between(t0, std::chrono::steady_clock::now());
+    const double flops = tower.flops(grid);
+    nlohmann::json row = {{"width", w},
+                          {"height", h},
+                          {"resized", std::to_string(plan.best_w) + "x" + std::to_string(plan.best_h)},
+                          {"vit_patches", plan.num_patches()},
+                          {"image_tokens", plan.num_tokens},
+                          {"seconds", secs},
+                          {"image_tokens_s", static_cast<double>(plan.num_tokens) / secs},
+                          {"patches_s", static_cast<double>(plan.num_patches()) / secs},
+                          {"flops", flops},
+                          {"gflops", flops / secs / 1e9},
+                          {"flops_efficiency", flops / secs / (lim.peak_gflops * 1e9)}};
+    if (unit_peak > 0) {
+      row["unit"] = vision_unit(m.backend().level());
+      row["unit_efficiency"] = flops / secs / (unit_peak * 1e9);
+    }
+    out.push_back(row);
+    std::fprintf(stderr, "  image %lldx%lld: %lld patches, %lld image tokens in %.3f s (%.1f GFLOP/s)\n",
+                 static_cast<long long>(w), static_cast<long long>(h), static_cast<long long>(plan.num_patches()),
+                 static_cast<long long>(plan.num_tokens), secs, flops / secs / 1e9);
+  }
+  return out;
+}
+
+// WxH pixel sizes from option `flag`.
+std::vector<std::pair<int64_t, int64_t>> size_list(const Args& args, const std::string& flag, const std::string& fallback) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  std::stringstream ls(args.get(flag, fallback));
+  for (std::string item; std::getline(ls, item, ',');) {
+    long long w = 0, h = 0;
+    char x = 0, rest = 0;
+    if (std::sscanf(item.c_str(), "%lld%c%lld%c", &w, &x, &h, &rest) != 3 || x != 'x' || w < 1 || h < 1 ||
+        w > 65535 || h > 65535) {
+      fail(flag, "expects comma-separated WxH pixel sizes (1 to 65535 each), got \"" + item + "\"");
+    }
+    out.push_back({w, h});
+  }
+  if (out.empty()) fail(flag, "needs at least one size");
+  return out;
+}
+
 struct PlotSeries {
   std::string label;
   std::vector<std::pair<double, double>> points;
@@ -550,6 +637,8 @@ int run_bench(int argc, char** argv, MpiJob* job) {
         "  decode        tokens/s at several context lengths\n"
         "  concurrency   aggregate decode tokens/s at 1, 2, 4, 8 streams through the scheduler\n"
         "  engram        per-step Engram lookup time from each tier (mmap, ram, pread)\n"
+        "  vision        images through the vision tower (not in the default; needs a checkpoint with one,\n"
+        "                make-tiny --vision): image tokens/s and FLOP/s against the peaks\n"
         "  long-context  the agent's shape (not in the default): cold prefill, exact and tail, out to long\n"
         "                prompts; decode out to long contexts; a turn with a long history cached and a few\n"
         "                hundred new tokens (RAM and disk tier, exact and replay). Needs a model with the\n"
@@ -559,6 +648,8 @@ int run_bench(int argc, char** argv, MpiJob* job) {
         "on all cores. Decode is reported against the bandwidth, prefill and GEMM against the best peak.\n"
         "  --lengths A,B,..   prompt lengths / contexts (default 128,512,2048)\n"
         "  --gemm-rows A,B,.. row counts of the gemm scenario (default 1,16,64,256,1024)\n"
+        "  --image-sizes WxH,..  pixel sizes of the vision scenario's images (default 256x256,1024x768,2048x2048:\n"
+        "                     upscaled to the tower's minimum area, a photo, shrunk to its longest span)\n"
         "  --long-prefill A,B,..  long-context prompt lengths (default 2048,8192,32768)\n"
         "  --long-decode A,B,..   long-context decode contexts (default 1024,8192,32768)\n"
         "  --long-cached N        long-context prefix hit: tokens of history cached (default 32768)\n"
@@ -568,7 +659,7 @@ int run_bench(int argc, char** argv, MpiJob* job) {
     return 0;
   }
   Args args("bench", argc, argv, {"--model", "--scenario", "--steps", "--io-threads", "--plot", "--lengths", "--gemm-rows",
-             "--long-prefill", "--long-decode", "--long-cached", "--long-new", "--ram"}, {"--json", "--expert-parallel"},
+             "--long-prefill", "--long-decode", "--long-cached", "--long-new", "--ram", "--image-sizes"}, {"--json", "--expert-parallel"},
             {{"-m", "--model"}});
   const std::string dir = args.required("--model");
   const std::string scenarios = args.get("--scenario", "gemm,cold-prefill,prefix-hit,decode,concurrency");
@@ -577,6 +668,7 @@ int run_bench(int argc, char** argv, MpiJob* job) {
   const uint64_t ram_bytes = args.get_size("--ram", 0);
   const std::vector<int64_t> lengths = count_list(args, "--lengths", "128,512,2048", 2);
   const std::vector<int64_t> gemm_rows = count_list(args, "--gemm-rows", "1,16,64,256,1024", 1);
+  const auto image_sizes = size_list(args, "--image-sizes", "256x256,1024x768,2048x2048");
   LongContextPlan long_plan;
   long_plan.prefill_lengths = count_list(args, "--long-prefill", "2048,8192,32768", 2);
   long_plan.decode_contexts = count_list(args, "--long-decode", "1024,8192,32768", 2);
@@ -588,9 +680,10 @@ int run_bench(int argc, char** argv, MpiJob* job) {
     std::stringstream list(scenarios);
     for (std::string name; std::getline(list, name, ',');) {
       if (name != "engram" && name != "gemm" && name != "cold-prefill" && name != "prefix-hit" && name != "decode" &&
-          name != "concurrency" && name != "long-context") {
+          name != "concurrency" && name != "long-context" && name != "vision") {
         fail("--scenario", "unknown scenario \"" + name +
-                               "\" (available: gemm, cold-prefill, prefix-hit, decode, concurrency, engram, long-context)");
+                               "\" (available: gemm, cold-prefill, prefix-hit, decode, concurrency, engram, long-context, "
+                               "vision)");
       }
       names.push_back(name);
     }
@@ -662,6 +755,9 @@ int run_bench(int argc, char** argv, MpiJob* job) {
     } else if (name == "long-context") {
       need_model();
       report["long_context"] = bench_long_context(dir, model, long_plan, lim);
+    } else if (name == "vision") {
+      need_model();
+      report["vision"] = bench_vision(*model, image_sizes, lim, peaks);
     }
   }
   if (peers) {
@@ -732,6 +828,18 @@ int run_bench(int argc, char** argv, MpiJob* job) {
                   r["mode"].get<std::string>().c_str(), static_cast<long long>(r["cached_tokens"].get<int64_t>()),
                   static_cast<long long>(r["new_tokens"].get<int64_t>()), r["ttft_s"].get<double>(), r["cold_ttft_s"].get<double>(),
                   r["speedup"].get<double>());
+    }
+  }
+  if (report.contains("vision")) {
+    std::printf("vision tower (one image at a time)\n  %-11s %-11s %8s %7s %9s %12s %9s %8s %8s\n", "image", "resized",
+                "patches", "tokens", "seconds", "image tok/s", "GFLOP/s", "of peak", "of unit");
+    for (const auto& r : report["vision"]) {
+      const std::string size = std::to_string(r["width"].get<int64_t>()) + "x" + std::to_string(r["height"].get<int64_t>());
+      std::printf("  %-11s %-11s %8lld %7lld %9.3f %12.1f %9.1f %7.1f%% %7.1f%%\n", size.c_str(),
+                  r["resized"].get<std::string>().c_str(), static_cast<long long>(r["vit_patches"].get<int64_t>()),
+                  static_cast<long long>(r["image_tokens"].get<int64_t>()), r["seconds"].get<double>(),
+                  r["image_tokens_s"].get<double>(), r["gflops"].get<double>(), 100 * r["flops_efficiency"].get<double>(),
+                  100 * r.value("unit_efficiency", 0.0));
     }
   }
   if (report.contains("concurrency")) {

@@ -76,6 +76,9 @@ TEST(CliInspect, ReleasedConfigJson) {
   for (const char* key : {"total", "engram", "dspark", "active_prefill", "active_decode"}) {
     EXPECT_GT(j["params"][key].get<int64_t>(), 0) << key;
   }
+  // vision-spec §2's counts at the released shapes: the ViT 411,842,560, the aligner 73,410,560, the
+  // span vectors 15,360, and bias_vl (40 layers of 384, 3 DSpark blocks of 128)
+  EXPECT_EQ(j["params"]["vision"].get<int64_t>(), 411842560 + 73410560 + 15360 + 40 * 384 + 3 * 128);
   ASSERT_EQ(j["engram"].size(), 2u);
   EXPECT_EQ(j["engram"][0]["layer"], 1);
   EXPECT_EQ(j["engram"][0]["primes"].size(), 24u);

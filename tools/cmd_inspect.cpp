@@ -95,7 +95,7 @@ json build_report(const ModelConfig& c) {
   }
   j["global_kv_bytes_per_token"] = graph.global_bytes_per_token();
   j["fixed_bytes_per_sequence"] = graph.fixed_bytes_per_sequence();
-  j["params"] = {{"total", params.total}, {"engram", params.engram}, {"dspark", params.dspark},
+  j["params"] = {{"total", params.total}, {"engram", params.engram}, {"dspark", params.dspark}, {"vision", params.vision},
                  {"active_prefill", params.active_prefill}, {"active_decode", params.active_decode},
                  {"checkpoint_bytes", params.checkpoint_bytes}};
   j["config_keys"] = {{"unknown", c.unknown_keys}, {"unused", c.unused_keys}};
@@ -162,8 +162,9 @@ void print_report(const ModelConfig& c, const json& j) {
 
   const json& p = j["params"];
   auto b = [](const json& v) { return human(v.get<int64_t>()); };
-  std::printf("parameters\n  total %s, Engram tables %s, DSpark %s; checkpoint %sB\n", b(p["total"]).c_str(),
-              b(p["engram"]).c_str(), b(p["dspark"]).c_str(), b(p["checkpoint_bytes"]).c_str());
+  std::printf("parameters\n  total %s, Engram tables %s, DSpark %s, vision tower %s; checkpoint %sB\n",
+              b(p["total"]).c_str(), b(p["engram"]).c_str(), b(p["dspark"]).c_str(), b(p["vision"]).c_str(),
+              b(p["checkpoint_bytes"]).c_str());
   std::printf("  active per prompt token (CED: layers < %d) %s, per generated token %s\n\n",
               j["late_layer_start"].get<int>(), b(p["active_prefill"]).c_str(), b(p["active_decode"]).c_str());
 

@@ -35,6 +35,15 @@ ParamCounts count_params(const ModelConfig& c) {
     p.active_decode += active;
     if (roles[s.layer].encoder) p.active_prefill += active;
   }
+  for (const auto& extra : {image_routing_biases(c), vision_tensors(c)}) {
+    for (const TensorSpec& s : extra) {
+      int64_t n = 1;
+      for (int64_t d : s.shape) n *= d;
+      p.checkpoint_bytes += n * static_cast<int64_t>(dtype_size(s.dtype));
+      p.total += n;
+      p.vision += n;
+    }
+  }
   return p;
 }
 

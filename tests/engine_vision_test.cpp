@@ -74,6 +74,26 @@ TEST(EngineVision, ThePromptsImagesReachTheModelAsTheReferencePutsThem) {
   }
 }
 
+// DSpark on a prompt with images: the drafter seeds its windows from the taps at every position,
+// the spans' included, drafts text only, and greedy speculative decoding gives the reference's tokens.
+TEST(EngineVision, SpeculativeDecodingAfterImagesKeepsTheGreedyTokens) {
+  const nlohmann::json p2 = nlohmann::json::parse(std::ifstream(vision_dir() + "/golden.json"))["prompts"]["p2"];
+  Engine e(options());
+  RequestParams p;
+  p.prompt = p2["prompt_ids"].get<std::vector<int32_t>>();
+  p.images = {image("a"), image("b")};
+  p.max_tokens = 8;
+  p.ignore_eos = true;
+  p.speculative = SpeculativeMethod::DSpark;
+  p.acceptance_guard = false;  // draft at every step, so verification runs throughout
+  Collected c;
+  e.submit(p, collect(c));
+  wait(c);
+  ASSERT_EQ(c.last.finish_reason, "length") << c.last.error;
+  EXPECT_EQ(c.tokens, p2["greedy"]["tokens"].get<std::vector<int32_t>>());
+  EXPECT_GT(c.last.report.verify_steps, 0);
+}
+
 TEST(EngineVision, PlaceholdersAndImagesMustPairUp) {
   Engine e(options());
   const auto refused = [&](std::vector<int32_t> prompt, std::vector<ImageInput> images, const std::string& what) {

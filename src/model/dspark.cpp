@@ -108,7 +108,9 @@ Draft Drafter::draft(const SequenceState& seq, int32_t next, TokenPicker& picker
   const int64_t B = c.dspark_block_size, d = c.dim, V = c.vocab_size, p = st.length - 1;
   if (p < 0) fail("speculative", "drafting needs at least one processed token");
   if (st.dspark_observed != st.length) fail("speculative", "the drafter has not observed every target position");
-  // the block input: [next, noise × (B-1)]
+  // the block input: [next, noise × (B-1)]. Drafts are text (vision-spec §6.3): the stream carries no
+  // span mask, so the blocks route with their text bias and their bias_vl is never read; image
+  // positions reach the drafter only through the taps its windows were seeded from.
   std::vector<int32_t> tokens(static_cast<size_t>(B), static_cast<int32_t>(c.dspark_noise_token_id));
   tokens[0] = next;
   Stream x = embed_tokens(be, c, W.embed, tokens.data(), B);

@@ -1,6 +1,7 @@
 // The dsv41 command as a user runs it: inspect and make-tiny, their JSON, and their errors.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -546,6 +547,69 @@ TEST(CliBench, LongContextReportsTheAgentsShape) {
   auto short_model = test::run_dsv41("bench -m " + test::tiny_model_dir() + " --scenario long-context");
   EXPECT_NE(short_model.status, 0);
   EXPECT_NE(short_model.out.find("needs 33024 positions but the model has 4096"), std::string::npos) << short_model.out;
+}
+
+// vision-encode dumps each stage of one image in the golden's files: the pixels and patches are the
+// reference's bytes, the ViT and aligner rows within the 1.5% the goldens allow; its plan is the
+// reference's. generate --image fills the prompt's placeholders in order and reports the expanded
+// length; the reference's greedy tokens of tiny-vision's p3 come out. Mismatched placeholders and
+// unreadable images are errors naming what is wrong.
+TEST(CliVision, VisionEncodeDumpsTheReferencesStagesAndGenerateTakesImages) {
+  const std::string model = test::golden_dir("tiny-vision");
+  const nlohmann::json meta = nlohmann::json::parse(std::ifstream(model + "/golden.json"));
+  const auto read_bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const auto floats = [&](const std::string& path) {
+    const std::string b = read_bytes(path);
+    std::vector<float> v(b.size() / sizeof(float));
+    std::memcpy(v.data(), b.data(), v.size() * sizeof(float));
+    return v;
+  };
+  const auto rel_l2 = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < b.size(); ++i) {
+      num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+      den += static_cast<double>(b[i]) * b[i];
+    }
+    return std::sqrt(num / den);
+  };
+  test::TempDir dir;
+  for (const std::string name : {"b", "c"}) {
+    const nlohmann::json& image = meta["images"][name];
+    const std::string out = dir / name;
+    auto r = test::run_dsv41("vision-encode -m " + model + " --image " + model + "/" + image["png"].get<std::string>() +
+                             " --dump " + out + " --json");
+    ASSERT_EQ(r.status, 0) << r.out;
+    const auto plan = nlohmann::json::parse(r.out.substr(r.out.find("{")));
+    EXPECT_EQ(plan["n_vit_hw"], image["n_vit_hw"]) << plan;
+    EXPECT_EQ(plan["num_tokens"], image["num_tokens"]) << plan;
+    EXPECT_EQ(read_bytes(out + "/resized.u8"), read_bytes(model + "/" + image["resized_u8"]["file"].get<std::string>()));
+    EXPECT_EQ(read_bytes(out + "/patches.f32"), read_bytes(model + "/" + image["patches"]["file"].get<std::string>()));
+    for (const auto& [file, golden] : {std::pair{"vit.f32", "vit"}, std::pair{"aligner.f32", "aligner"}}) {
+      const std::vector<float> ours = floats(out + "/" + file), want = floats(model + "/" + image[golden]["file"].get<std::string>());
+      ASSERT_EQ(ours.size(), want.size()) << file;
+      EXPECT_LE(rel_l2(ours, want), 0.015) << name << " " << file;
+    }
+  }
+  const nlohmann::json& p3 = meta["prompts"]["p3"];
+  std::string ids;
+  for (const auto& id : p3["prompt_ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+  const std::string image_a = model + "/" + meta["images"]["a"]["png"].get<std::string>();
+  auto gen = test::run_dsv41("generate -m " + model + " --prompt-ids " + ids + " --image " + image_a +
+                             " -n 8 --temp 0 --ignore-eos --json");
+  ASSERT_EQ(gen.status, 0) << gen.out;
+  const auto g = nlohmann::json::parse(gen.out.substr(gen.out.find("{")));
+  EXPECT_EQ(g["prompt_tokens"], p3["length"]) << g;
+  EXPECT_EQ(g["tokens"], p3["greedy"]["tokens"]) << g;
+  expect_errors({{"generate -m " + model + " --prompt-ids " + ids + " -n 1", "image"},
+                 {"generate -m " + model + " --prompt-ids " + ids + " --image " + image_a + " --image " + image_a + " -n 1",
+                  "image"},
+                 {"generate -m " + model + " --prompt-ids " + ids + " --image " + (dir / "missing.png") + " -n 1",
+                  "missing.png"},
+                 {"vision-encode -m " + test::tiny_model_dir() + " --image " + image_a + " --dump " + (dir / "x"),
+                  "no vision tower"}});
 }
 
 // make-tiny --vision writes a tower (tiny-vision's geometry on the tiny preset, every layer's bias_vl)

@@ -256,6 +256,14 @@ TEST(KernelsSimd, Bf16AndF32MatchScalar) {
       std::fill(got.begin(), got.end(), -1.0f);
       be->linear_f32(xf.data(), s.m, mat_packed, got.data());
       EXPECT_EQ(first_difference(got, want), "") << "f32 packed " << describe(*be, s);
+      // linear_f32 on activations that are all bf16 values (the vision tower's) takes the exact-product
+      // path: still the reference's bits, unrounded
+      reference::linear_f32(xb.data(), s.m, mat, want.data());
+      for (const Bf16Matrix* m : {&mat, &mat_packed}) {
+        std::fill(got.begin(), got.end(), -1.0f);
+        be->linear_f32(xb.data(), s.m, *m, got.data());
+        EXPECT_EQ(first_difference(got, want), "") << "f32 on bf16 values " << (m == &mat ? "" : "packed ") << describe(*be, s);
+      }
     }
   }
 }

@@ -78,7 +78,9 @@ struct Fp4Kind {
   }
 };
 
-template <bool Rounded>
+// Bf16Kind<false>: linear_bf16; Bf16Kind<true>: linear_f32; Bf16Kind<false, false>: linear_f32 on
+// activations that are all bf16 values (exact products, as linear_bf16's, and fp32 out).
+template <bool Rounded, bool Bf16Out = !Rounded>
 struct Bf16Kind {
   using Dec = Bf16Dec;
   using PDec = Bf16PackedDec;
@@ -87,7 +89,7 @@ struct Bf16Kind {
   // linear_bf16 takes bf16 activations, so its products are exact and an FMA is mul + add; linear_f32
   // takes any fp32, its products round: mul, then add.
   static constexpr bool kRounded = Rounded;
-  static constexpr bool kBf16Out = !Rounded;
+  static constexpr bool kBf16Out = Bf16Out;
   static constexpr float kPrescale = 1.0f;
   static int64_t row_bytes(const Matrix& w) { return w.k * 2; }
   static const uint8_t* row(const Matrix& w, int64_t r) { return reinterpret_cast<const uint8_t*>(w.w + r * w.k); }
@@ -469,6 +471,18 @@ inline QuantizedActivations quantize_rows(const Exec* ex, const float* x, int64_
     rows(0, m);
   }
   return q;
+}
+
+// Whether every value is a bf16 value (its low 16 bits zero): then a product with a bf16 weight is
+// exact in fp32, and an FMA gives the bits of a multiply and an add.
+inline bool all_bf16_values(const float* x, int64_t count) {
+  uint32_t low = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, 4);
+    low |= bits & 0xFFFFu;
+  }
+  return low == 0;
 }
 
 // Work below this many weight elements runs on the calling thread: a wake-up would cost more.

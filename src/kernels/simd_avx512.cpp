@@ -6,6 +6,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -61,6 +62,8 @@ void linear_bf16_avx512(const Exec& ex, const float* x, int64_t m, const Bf16Mat
   avx512::run_linear<avx512::Bf16Kind<false>>(ex, x, m, w, y);
 }
 void linear_f32_avx512(const Exec& ex, const float* x, int64_t m, const Bf16Matrix& w, float* y) {
+  // activations that are all bf16 values (the vision tower's) take linear_bf16's FMA path, unrounded
+  if (avx512::all_bf16_values(x, m * w.k)) return avx512::run_linear<avx512::Bf16Kind<false, false>>(ex, x, m, w, y);
   avx512::run_linear<avx512::Bf16Kind<true>>(ex, x, m, w, y);
 }
 QuantizedActivations quantize_activations_avx512(const float* x, int64_t m, int64_t k, float prescale) {

@@ -268,6 +268,47 @@ TEST(KernelsSimd, Bf16AndF32MatchScalar) {
   }
 }
 
+// Products below fp32's normal range, exact there (at least 2^-149): the reference keeps them, a
+// kernel that flushes subnormals (vdpbf16ps) must not see them. Activations of 2^-100 against weights
+// of 2^-30; and O(1) activations against a matrix whose second tile holds subnormal bf16 weights
+// (2^-130) beside ordinary ones. Row-major and packed.
+TEST(KernelsSimd, Bf16ProductsBelowTheNormalRangeMatchScalar) {
+  std::mt19937 rng(31);
+  std::uniform_int_distribution<int> mantissa(0, 127), sign(0, 1);
+  const auto bf16_at = [&](int exponent) {  // a bf16 value with 7 random mantissa bits at 2^exponent
+    const float v = std::ldexp(1.0f + static_cast<float>(mantissa(rng)) / 128.0f, exponent);
+    return round_bf16(sign(rng) ? -v : v);
+  };
+  const int64_t m = 9, n = 70, k = 96;
+  for (const Backend* be : fast_backends()) {
+    std::vector<float> tiny_x(static_cast<size_t>(m * k)), x(tiny_x.size());
+    for (auto& v : tiny_x) v = bf16_at(-100);
+    for (auto& v : x) v = bf16_at(0);
+    std::vector<uint16_t> w_small(static_cast<size_t>(n * k)), w_subnormal_tile(w_small.size());
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t j = 0; j < k; ++j) {
+        w_small[static_cast<size_t>(r * k + j)] = bf16_from_f32(bf16_at(-30));
+        w_subnormal_tile[static_cast<size_t>(r * k + j)] = bf16_from_f32(bf16_at(r >= 32 && r < 64 ? -130 : -3));
+      }
+    }
+    for (const auto& [in, weights] : {std::pair{&tiny_x, &w_small}, std::pair{&x, &w_subnormal_tile}}) {
+      const Bf16Matrix mat{weights->data(), n, k};
+      std::unique_ptr<PackedWeights> packed;
+      const auto mat_packed = packed_for(*be, mat, packed);
+      const std::string what = in == &x ? "subnormal weights " : "tiny activations ";
+      std::vector<float> want(static_cast<size_t>(m * n)), got(want.size());
+      for (const Bf16Matrix* mm : {&mat, &mat_packed}) {
+        reference::linear_bf16(in->data(), m, mat, want.data());
+        be->linear_bf16(in->data(), m, *mm, got.data());
+        EXPECT_EQ(first_difference(got, want), "") << "bf16 " << what << label(*be);
+        reference::linear_f32(in->data(), m, mat, want.data());
+        be->linear_f32(in->data(), m, *mm, got.data());
+        EXPECT_EQ(first_difference(got, want), "") << "f32 " << what << label(*be);
+      }
+    }
+  }
+}
+
 // Inputs where the order of the additions shows in the bf16 outputs: in each 32-block a few large
 // products cancel around many small ones with low-order bits, so the fp32 partial sums round, and
 // the result is about as small as those roundings. A kernel that summed in any other order, or

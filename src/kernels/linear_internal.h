@@ -57,6 +57,8 @@ void linear_f32_avx512(const Exec& ex, const float* x, int64_t m, const Bf16Matr
 // rows, the AVX-512 GEMV below that; the same bits.
 void linear_fp8_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Fp8Matrix& w, float* y);
 void linear_fp4_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Fp4Matrix& w, float* y);
+void linear_bf16_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Bf16Matrix& w, float* y);
+void linear_f32_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Bf16Matrix& w, float* y);
 // The AMX-BF16 level's FP8, FP4 and BF16 layers (simd_amx.cpp): every row count on the tile unit,
 // with that level's own numerics (declared there).
 void linear_fp8_amx(const Exec& ex, const float* x, int64_t m, const Fp8Matrix& w, float* y);

@@ -1,5 +1,6 @@
-// AVX-512-BF16 kernels: the GEMM path (more than V::kGemvRows rows) of the FP8 and FP4 linear layers
-// on vdpbf16ps, two products per fp32 lane and instruction where the AVX-512 level's FMA does one.
+// AVX-512-BF16 kernels: the GEMM path (more than V::kGemvRows rows) of the FP8, FP4 and BF16 linear
+// layers on vdpbf16ps, two products per fp32 lane and instruction where the AVX-512 level's FMA does
+// one (the BF16 layers' conditions are with their kernel below).
 // The level's other ops, and these layers' GEMV path (bandwidth-bound: decode steps), are the
 // AVX-512 level's (backend.cpp).
 //
@@ -229,6 +230,168 @@ void run_linear_pairs(const Exec& ex, const float* x, int64_t m, const typename 
          [&](int64_t r0, int64_t r1, Scratch& s) { gemm_pairs<Kind>(xp.data(), qa, w, y, r0, r1, s); });
 }
 
+// ---- the bf16 linears ------------------------------------------------------------------------------
+//
+// linear_bf16, and linear_f32 on activations that are all bf16 values: one chain per output over all of
+// k in k order (backend.h), which vdpbf16ps runs two products at a time (k in the upper half, k+1 in
+// the lower, as above). A product of two bf16 values is exact in fp32. The flush of subnormal inputs
+// and results never fires when every nonzero activation and weight is finite with an exponent of at
+// least -56: the lowest bit of each product, and so of each partial sum, is then 2^-126 or above, so
+// every partial sum is zero or a normal number. Activations outside that send the call, weights outside
+// it their tile, to the AVX-512 level's path (the same bits at half the rate).
+
+constexpr uint32_t kPairMinExponent = 127 - 56;  // biased; fp32 and bf16 share the exponent field
+
+// Lanes (fp32 bit patterns) that are nonzero and below that exponent, infinite or NaN.
+inline __mmask16 outside_pair_range(__m512i bits) {
+  const __m512i magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF));
+  const __m512i exponent = _mm512_srli_epi32(magnitude, 23);
+  const __mmask16 nonzero = _mm512_test_epi32_mask(magnitude, magnitude);
+  const __mmask16 low = _mm512_cmplt_epu32_mask(exponent, _mm512_set1_epi32(kPairMinExponent));
+  const __mmask16 special = _mm512_cmpeq_epi32_mask(exponent, _mm512_set1_epi32(255));
+  return static_cast<__mmask16>(nonzero & (low | special));
+}
+
+inline bool outside_pair_range(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  const uint32_t magnitude = bits & 0x7FFFFFFFu, exponent = magnitude >> 23;
+  return magnitude != 0 && (exponent < kPairMinExponent || exponent == 255);
+}
+
+// PairSink that also notes weights outside the pairs' range.
+struct CheckedPairSink : PairSink {
+  __mmask16 outside = 0;
+  void w(int j, __m512 v0, __m512 v1) {
+    outside = static_cast<__mmask16>(outside | outside_pair_range(_mm512_castps_si512(v0)) |
+                                      outside_pair_range(_mm512_castps_si512(v1)));
+    PairSink::w(j, v0, v1);
+  }
+};
+
+// The activations as pairs [m][k_blocks·16] (k zero-padded to whole blocks) into `out`; false when one
+// is not a bf16 value or is outside the pairs' range.
+bool bf16_activation_pairs(const Exec& ex, const float* x, int64_t m, int64_t k, bool parallel,
+                           std::vector<uint32_t>& out) {
+  const int64_t kp = k_blocks(k) * kPairs;
+  out.assign(static_cast<size_t>(m * kp), 0u);
+  std::vector<uint8_t> bad(static_cast<size_t>(m), 0);
+  ex.run(parallel && m > 1, m, 1, [&](int64_t i0, int64_t i1, Scratch&) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float* r = x + i * k;
+      uint32_t* o = out.data() + i * kp;
+      uint32_t low = 0;
+      bool outside = false;
+      for (int64_t j = 0; j < k; ++j) {
+        uint32_t bits;
+        std::memcpy(&bits, r + j, 4);
+        low |= bits & 0xFFFFu;
+        outside = outside || outside_pair_range(r[j]);
+        o[j / 2] |= (j % 2 == 0) ? (bits & 0xFFFF0000u) : (bits >> 16);
+      }
+      bad[static_cast<size_t>(i)] = low != 0 || outside;
+    }
+  });
+  return std::none_of(bad.begin(), bad.end(), [](uint8_t b) { return b != 0; });
+}
+
+// MI activation rows × one tile over the panel's blocks [c0, c1): 2·MI chains of vdpbf16ps that
+// continue from the accumulators across blocks (no per-block partials: one chain over all of k).
+template <int MI>
+void micro_chain(const uint32_t* xp, int64_t i0, int64_t kp, const uint32_t* panel, int64_t c0, int64_t c1,
+                 float* acc_buf) {
+  using F = V::F;
+  F acc[MI][2];
+  for (int ii = 0; ii < MI; ++ii) {
+    acc[ii][0] = V::load(acc_buf + (i0 + ii) * kTileRows);
+    acc[ii][1] = V::load(acc_buf + (i0 + ii) * kTileRows + V::W);
+  }
+  for (int64_t b = c0; b < c1; ++b) {
+    const uint32_t* p = panel + (b - c0) * kPairs * kTileRows;
+    for (int q = 0; q < kPairs; ++q) {
+      const __m512i w0 = _mm512_loadu_si512(p + q * kTileRows), w1 = _mm512_loadu_si512(p + q * kTileRows + V::W);
+      for (int ii = 0; ii < MI; ++ii) {
+        const __m512i av = _mm512_set1_epi32(static_cast<int>(xp[(i0 + ii) * kp + b * kPairs + q]));
+        acc[ii][0] = dot_pairs(acc[ii][0], av, w0);
+        acc[ii][1] = dot_pairs(acc[ii][1], av, w1);
+      }
+    }
+  }
+  for (int ii = 0; ii < MI; ++ii) {
+    V::store(acc_buf + (i0 + ii) * kTileRows, acc[ii][0]);
+    V::store(acc_buf + (i0 + ii) * kTileRows + V::W, acc[ii][1]);
+  }
+}
+
+template <int MI>
+void micro_chain_rows(const uint32_t* xp, int64_t m, int64_t kp, const uint32_t* panel, int64_t c0, int64_t c1,
+                      float* acc_buf) {
+  int64_t i0 = 0;
+  for (; i0 + MI <= m; i0 += MI) micro_chain<MI>(xp, i0, kp, panel, c0, c1, acc_buf);
+  if constexpr (MI > 1) {
+    if (i0 < m) micro_chain_rows<MI - 1>(xp + i0 * kp, m - i0, kp, panel, c0, c1, acc_buf + i0 * kTileRows);
+  }
+}
+
+// Rows [r0, r1) of y[m, n] (r0 a multiple of 2W), from the checkpoint's layout or the packed tiles.
+template <class Kind>
+void gemm_bf16_pairs(const uint32_t* xp, const float* x, int64_t m, const Bf16Matrix& w, float* y, int64_t r0,
+                     int64_t r1, Scratch& s) {
+  const int64_t kb = k_blocks(w.k), kp = kb * kPairs;
+  const bool packed = w.packed.tile_rows == kTileRows;
+  const uint8_t* blk[kTileRows];
+  for (int64_t row0 = r0; row0 < r1; row0 += kTileRows) {
+    const int64_t tile = row0 / kTileRows;
+    const int count = static_cast<int>(std::min<int64_t>(kTileRows, r1 - row0));
+    // asked for per tile: a fallback below uses the same slots and may move them
+    uint32_t* panel = s.get<uint32_t>(ScratchSlot::LinearPanel, static_cast<size_t>(kKc * kPairs * kTileRows));
+    float* acc = s.get<float>(ScratchSlot::LinearAcc, static_cast<size_t>(m * kTileRows));
+    std::optional<Tile<Kind>> rows;  // the checkpoint's layout
+    if (!packed) rows.emplace(w, row0, r1, s);
+    std::fill(acc, acc + m * kTileRows, 0.0f);
+    __mmask16 outside = 0;
+    bool nan = false;
+    for (int64_t c0 = 0; c0 < kb; c0 += kKc) {
+      const int64_t c1 = std::min(kb, c0 + kKc);
+      CheckedPairSink sink{{panel, c0}, 0};
+      for (int64_t b = c0; b < c1; ++b) {
+        if (packed) {
+          Kind::PDec::step(packed_block<Kind>(w, tile, b), b, sink);
+        } else {
+          rows->block(b, blk, s);
+          Kind::Dec::step(blk, b, sink, nan);
+        }
+      }
+      outside = static_cast<__mmask16>(outside | sink.outside);
+      micro_chain_rows<V::MI>(xp, m, kp, panel, c0, c1, acc);
+    }
+    if (outside != 0) {  // weights the pairs cannot take: this tile the AVX-512 level's way
+      packed ? gemm_packed<Kind>(x, nullptr, nullptr, m, w, y, row0, row0 + count, s)
+             : gemm_rows<Kind>(x, nullptr, nullptr, m, w, y, row0, row0 + count, s);
+      continue;
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      const float* a = acc + i * kTileRows;
+      const V::F v0 = finish<Kind>(V::load(a)), v1 = finish<Kind>(V::load(a + V::W));
+      packed ? Kind::PDec::store(y + i * w.n + row0, v0, v1, count) : Kind::Dec::store(y + i * w.n + row0, v0, v1, count);
+    }
+  }
+}
+
+// Kind: Bf16Kind<false> (linear_bf16) or Bf16Kind<false, false> (linear_f32 on bf16 values). False
+// when the activations cannot be pairs; the caller then takes the AVX-512 level's path.
+template <class Kind>
+bool run_bf16_pairs(const Exec& ex, const float* x, int64_t m, const Bf16Matrix& w, float* y) {
+  static_assert(!Kind::kRounded, "pairs need exact products");
+  if (m <= V::kGemvRows || w.n <= 0 || w.k <= 0) return false;  // GEMV: bandwidth-bound
+  const bool parallel = w.n * w.k >= kParallelMin;
+  std::vector<uint32_t> xp;
+  if (!bf16_activation_pairs(ex, x, m, w.k, parallel, xp)) return false;
+  ex.run(parallel, w.n, kTileRows,
+         [&](int64_t r0, int64_t r1, Scratch& s) { gemm_bf16_pairs<Kind>(xp.data(), x, m, w, y, r0, r1, s); });
+  return true;
+}
+
 // The rounding of vdpbf16ps on this CPU, against the chain the level relies on: a fixed set of
 // accumulators and e4m3-like pairs where rounding once, or in the other order, gives other bits.
 bool rounds_in_order() {
@@ -305,6 +468,16 @@ void linear_fp8_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Fp8
 void linear_fp4_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Fp4Matrix& w, float* y) {
   avx512_bf16::run_linear_pairs<avx512_bf16::Fp4Kind>(ex, x, m, w, y);
 }
+void linear_bf16_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Bf16Matrix& w, float* y) {
+  using Exact = avx512_bf16::Bf16Kind<false>;
+  if (!avx512_bf16::run_bf16_pairs<Exact>(ex, x, m, w, y)) avx512_bf16::run_linear<Exact>(ex, x, m, w, y);
+}
+void linear_f32_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Bf16Matrix& w, float* y) {
+  using ExactF32 = avx512_bf16::Bf16Kind<false, false>;
+  if (avx512_bf16::run_bf16_pairs<ExactF32>(ex, x, m, w, y)) return;
+  if (avx512_bf16::all_bf16_values(x, m * w.k)) return avx512_bf16::run_linear<ExactF32>(ex, x, m, w, y);
+  avx512_bf16::run_linear<avx512_bf16::Bf16Kind<true>>(ex, x, m, w, y);
+}
 bool bf16_dot_rounds_in_order() { return avx512_bf16::rounds_in_order(); }
 double bf16_dot_over_fma_rate() { return avx512_bf16::dot_over_fma_rate(); }
 
@@ -325,6 +498,12 @@ void linear_fp8_avx512_bf16(const Exec&, const float* x, int64_t m, const Fp8Mat
 }
 void linear_fp4_avx512_bf16(const Exec&, const float* x, int64_t m, const Fp4Matrix& w, float* y) {
   reference::linear_fp4(x, m, w, y);
+}
+void linear_bf16_avx512_bf16(const Exec&, const float* x, int64_t m, const Bf16Matrix& w, float* y) {
+  reference::linear_bf16(x, m, w, y);
+}
+void linear_f32_avx512_bf16(const Exec&, const float* x, int64_t m, const Bf16Matrix& w, float* y) {
+  reference::linear_f32(x, m, w, y);
 }
 bool bf16_dot_rounds_in_order() { return false; }
 double bf16_dot_over_fma_rate() { return 0.0; }

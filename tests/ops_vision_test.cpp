@@ -52,6 +52,28 @@ TEST(OpsVision, EveryLevelGivesTheReferencesBits) {
       return x;
     });
   }
+  // dense_attention on inputs a level's bf16-pair path does not take (it falls back to the fp32
+  // chains): a query lane at 2^-100, and values that are not bf16 at all
+  {
+    const int64_t n = 40, heads = 2, d = 16, width = heads * d, stride = 3 * width;
+    for (const bool bf16_values : {true, false}) {
+      std::vector<float> qkv = random_bf16_values(rng, static_cast<size_t>(n * stride), 2.0f);
+      if (bf16_values) {
+        qkv[5] = std::ldexp(1.5f, -100);
+      } else {
+        for (float& v : qkv) v *= 1.0f + 1e-6f;
+      }
+      expect_levels_agree(bf16_values ? "dense_attention, a query at 2^-100" : "dense_attention, fp32 values",
+                          [&](const Backend* b) {
+                            std::vector<float> out(static_cast<size_t>(n * width));
+                            b ? b->dense_attention(qkv.data(), qkv.data() + width, qkv.data() + 2 * width, n, heads, d,
+                                                   stride, 0.25f, out.data())
+                              : reference::dense_attention(qkv.data(), qkv.data() + width, qkv.data() + 2 * width, n,
+                                                           heads, d, stride, 0.25f, out.data());
+                            return out;
+                          });
+    }
+  }
   const std::vector<float> x = random_bf16_values(rng, 6 * 2 * 176, 3.0f), bias = random_bf16_values(rng, 2 * 176);
   expect_levels_agree("silu_mul_bf16", [&](const Backend* b) {
     std::vector<float> out(6 * 176);

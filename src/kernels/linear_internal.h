@@ -86,6 +86,8 @@ void sparse_attention_avx512(const Exec& ex, const float* q, int64_t heads, int6
 // dense_attention (the ViT's): blocks of queries × heads split over exec's workers.
 void dense_attention_avx2(const Exec& ex, const float* q, const float* k, const float* v, int64_t n, int64_t heads,
                           int64_t d, int64_t stride, float scale, float* out);
+void dense_attention_avx512_bf16(const Exec& ex, const float* q, const float* k, const float* v, int64_t n,
+                                 int64_t heads, int64_t d, int64_t stride, float scale, float* out);
 void dense_attention_avx512(const Exec& ex, const float* q, const float* k, const float* v, int64_t n, int64_t heads,
                             int64_t d, int64_t stride, float scale, float* out);
 

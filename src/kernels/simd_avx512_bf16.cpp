@@ -56,6 +56,7 @@ namespace dsv41::detail::avx512_bf16 {
 #include "kernels/simd_avx512_ops.h"
 
 #include "kernels/linear_simd_impl.h"
+#include "kernels/dense_attention_simd_impl.h"
 
 // ---- bf16 pairs ---------------------------------------------------------------------------------
 
@@ -269,6 +270,32 @@ struct CheckedPairSink : PairSink {
   }
 };
 
+// `count` values as pairs (value 2p in the upper half of out[p], 2p + 1 in the lower; an odd last
+// value pairs with zero) into `out`, unless it is null; whether every value is a bf16 value inside
+// the pairs' range. (vcvtne2ps2bf16 is exact on bf16 values; the rotation puts the even value on top.)
+inline bool row_pairs(const float* r, int64_t count, uint32_t* out) {
+  const __m512i low_bits = _mm512_set1_epi32(0xFFFF);
+  __mmask16 bad = 0;
+  int64_t j = 0;
+  for (; j + 32 <= count; j += 32) {
+    const __m512 a = _mm512_loadu_ps(r + j), b = _mm512_loadu_ps(r + j + 16);
+    const __m512i ab = _mm512_castps_si512(a), bb = _mm512_castps_si512(b);
+    bad = static_cast<__mmask16>(bad | _mm512_test_epi32_mask(ab, low_bits) | _mm512_test_epi32_mask(bb, low_bits) |
+                                 outside_pair_range(ab) | outside_pair_range(bb));
+    if (out != nullptr) _mm512_storeu_si512(out + j / 2, _mm512_rol_epi32((__m512i)_mm512_cvtne2ps_pbh(b, a), 16));
+  }
+  bool ok = bad == 0;
+  for (; j < count; j += 2) {
+    const float hi = r[j], lo = j + 1 < count ? r[j + 1] : 0.0f;
+    uint32_t hb, lb;
+    std::memcpy(&hb, &hi, 4);
+    std::memcpy(&lb, &lo, 4);
+    ok = ok && ((hb | lb) & 0xFFFFu) == 0 && !outside_pair_range(hi) && !outside_pair_range(lo);
+    if (out != nullptr) out[j / 2] = pair_bf16(hi, lo);
+  }
+  return ok;
+}
+
 // The activations as pairs [m][k_blocks·16] (k zero-padded to whole blocks) into `out`; false when one
 // is not a bf16 value or is outside the pairs' range.
 bool bf16_activation_pairs(const Exec& ex, const float* x, int64_t m, int64_t k, bool parallel,
@@ -277,20 +304,7 @@ bool bf16_activation_pairs(const Exec& ex, const float* x, int64_t m, int64_t k,
   out.assign(static_cast<size_t>(m * kp), 0u);
   std::vector<uint8_t> bad(static_cast<size_t>(m), 0);
   ex.run(parallel && m > 1, m, 1, [&](int64_t i0, int64_t i1, Scratch&) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const float* r = x + i * k;
-      uint32_t* o = out.data() + i * kp;
-      uint32_t low = 0;
-      bool outside = false;
-      for (int64_t j = 0; j < k; ++j) {
-        uint32_t bits;
-        std::memcpy(&bits, r + j, 4);
-        low |= bits & 0xFFFFu;
-        outside = outside || outside_pair_range(r[j]);
-        o[j / 2] |= (j % 2 == 0) ? (bits & 0xFFFF0000u) : (bits >> 16);
-      }
-      bad[static_cast<size_t>(i)] = low != 0 || outside;
-    }
+    for (int64_t i = i0; i < i1; ++i) bad[static_cast<size_t>(i)] = !row_pairs(x + i * k, k, out.data() + i * kp);
   });
   return std::none_of(bad.begin(), bad.end(), [](uint8_t b) { return b != 0; });
 }
@@ -392,6 +406,76 @@ bool run_bf16_pairs(const Exec& ex, const float* x, int64_t m, const Bf16Matrix&
   return true;
 }
 
+// ---- the ViT's attention: q·k on vdpbf16ps ----------------------------------------------------------
+//
+// The reference's q·k is one fp32 chain over the head's lanes in order (dense_attention_simd_impl.h),
+// the chain vdpbf16ps runs two products at a time (lane e in the upper half, e+1 in the lower). The
+// ViT's queries and keys are bf16 values (rounded after its RoPE), so every product is exact; the
+// pairs' conditions are the bf16 linears' above, checked over the call's queries and keys, and a call
+// that does not meet them takes the fp32 chains (DenseScores).
+
+// Whether q and k (n rows at `stride`, heads·d lanes each) can be pairs; k's pairs into kp
+// [n][heads][d/2].
+bool dense_pairs(const Exec& ex, const float* q, const float* k, int64_t n, int64_t heads, int64_t d, int64_t stride,
+                 std::vector<uint32_t>& kp) {
+  if (d % 2 != 0) return false;
+  const int64_t width = heads * d;
+  kp.assign(static_cast<size_t>(n * width / 2), 0u);
+  std::vector<uint8_t> bad(static_cast<size_t>(n), 0);
+  ex.run(n * width >= (int64_t{1} << 16), n, 16, [&](int64_t t0, int64_t t1, Scratch&) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const bool keys = row_pairs(k + t * stride, width, kp.data() + t * width / 2);
+      bad[static_cast<size_t>(t)] = !keys || !row_pairs(q + t * stride, width, nullptr);
+    }
+  });
+  return std::none_of(bad.begin(), bad.end(), [](uint8_t b) { return b != 0; });
+}
+
+// DenseScores' chains on vdpbf16ps: queries transposed as pairs (qt[p][W]), each key's pair broadcast.
+struct DensePairScores {
+  const float* q;
+  const uint32_t* kp;  // [n][heads][d/2]
+  int64_t heads, d, stride;
+  V::F operator()(int64_t n, float scale, int64_t i0, int64_t count, int64_t h, float* sc, Scratch& s) const {
+    const int64_t dp = d / 2, key_stride = heads * dp;
+    uint32_t* qt = s.get<uint32_t>(ScratchSlot::DenseQuery, static_cast<size_t>(dp * V::W));  // [p][W]
+    for (int64_t p = 0; p < dp; ++p) {
+      for (int l = 0; l < V::W; ++l) {
+        const float* qr = q + (i0 + l) * stride + h * d + 2 * p;
+        qt[p * V::W + l] = l < count ? pair_bf16(qr[0], qr[1]) : 0u;
+      }
+    }
+    const uint32_t* kh = kp + h * dp;
+    const V::F sv = V::set1(scale);
+    V::F mx = V::set1(-std::numeric_limits<float>::infinity());
+    int64_t t = 0;
+    for (; t + 4 <= n; t += 4) {
+      V::F acc[4] = {V::zero(), V::zero(), V::zero(), V::zero()};
+      for (int64_t p = 0; p < dp; ++p) {
+        const __m512i qv = _mm512_loadu_si512(qt + p * V::W);
+        for (int r = 0; r < 4; ++r) {
+          acc[r] = dot_pairs(acc[r], qv, _mm512_set1_epi32(static_cast<int>(kh[(t + r) * key_stride + p])));
+        }
+      }
+      for (int r = 0; r < 4; ++r) {
+        const V::F sr = V::mul(acc[r], sv);
+        V::store(sc + (t + r) * V::W, sr);
+        mx = V::max(sr, mx);
+      }
+    }
+    for (; t < n; ++t) {
+      V::F acc = V::zero();
+      for (int64_t p = 0; p < dp; ++p) {
+        acc = dot_pairs(acc, _mm512_loadu_si512(qt + p * V::W), _mm512_set1_epi32(static_cast<int>(kh[t * key_stride + p])));
+      }
+      const V::F sr = V::mul(acc, sv);
+      V::store(sc + t * V::W, sr);
+      mx = V::max(sr, mx);
+    }
+    return mx;
+  }
+};
+
 // The rounding of vdpbf16ps on this CPU, against the chain the level relies on: a fixed set of
 // accumulators and e4m3-like pairs where rounding once, or in the other order, gives other bits.
 bool rounds_in_order() {
@@ -478,6 +562,15 @@ void linear_f32_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Bf1
   if (avx512_bf16::all_bf16_values(x, m * w.k)) return avx512_bf16::run_linear<ExactF32>(ex, x, m, w, y);
   avx512_bf16::run_linear<avx512_bf16::Bf16Kind<true>>(ex, x, m, w, y);
 }
+void dense_attention_avx512_bf16(const Exec& ex, const float* q, const float* k, const float* v, int64_t n,
+                                 int64_t heads, int64_t d, int64_t stride, float scale, float* out) {
+  std::vector<uint32_t> kp;
+  if (avx512_bf16::dense_pairs(ex, q, k, n, heads, d, stride, kp)) {
+    return avx512_bf16::dense_attention_simd(ex, avx512_bf16::DensePairScores{q, kp.data(), heads, d, stride}, v, n,
+                                             heads, d, stride, scale, out);
+  }
+  avx512_bf16::dense_attention_simd(ex, q, k, v, n, heads, d, stride, scale, out);
+}
 bool bf16_dot_rounds_in_order() { return avx512_bf16::rounds_in_order(); }
 double bf16_dot_over_fma_rate() { return avx512_bf16::dot_over_fma_rate(); }
 
@@ -504,6 +597,10 @@ void linear_bf16_avx512_bf16(const Exec&, const float* x, int64_t m, const Bf16M
 }
 void linear_f32_avx512_bf16(const Exec&, const float* x, int64_t m, const Bf16Matrix& w, float* y) {
   reference::linear_f32(x, m, w, y);
+}
+void dense_attention_avx512_bf16(const Exec&, const float* q, const float* k, const float* v, int64_t n,
+                                 int64_t heads, int64_t d, int64_t stride, float scale, float* out) {
+  reference::dense_attention(q, k, v, n, heads, d, stride, scale, out);
 }
 bool bf16_dot_rounds_in_order() { return false; }
 double bf16_dot_over_fma_rate() { return 0.0; }

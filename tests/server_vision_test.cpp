@@ -11,7 +11,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <sys/wait.h>
 
 #include "http_lib.h"
 #include "server/http_server.h"
@@ -160,15 +159,10 @@ TEST(ServerVision, OfficialOpenAIClientSendsAnImage) {
   LiveServer s(vision_options());
   const std::string cmd = "cd '" + npm_dir.string() + "' && DSV41_BASE_URL='" + s.url() + "/v1' DSV41_MODEL='" +
                           s.engine().model_name() + "' DSV41_IMAGE='" + images_dir() +
-                          "/c_rings_400x300.png' node openai_vision.mjs 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  const int status = pclose(p);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
-  EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
+                          "/c_rings_400x300.png' node openai_vision.mjs";
+  const test::CommandResult r = test::run_shell(cmd);
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("all checks passed"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -462,27 +462,12 @@ nlohmann::json bench_concurrency(const std::string& dir, const std::shared_ptr<c
   return out;
 }
 
-// The unit a level's ViT linears compute on: bf16 weights against fp32 activations, on the fp32 FMA
-// path of every level but AMX (whose linear_bf16 runs on the tiles; linear_f32 stays fp32 there too).
-const char* vision_unit(Isa level) {
-  switch (level) {
-    case Isa::amx_bf16:
-    case Isa::avx512_bf16:
-    case Isa::avx512:
-      return "avx512_fp32_fma";
-    case Isa::avx2:
-      return "avx2_fp32_fma";
-    case Isa::scalar:
-      break;
-  }
-  return "";
-}
-
 // vision: one image of each pixel size (WxH) through the vision tower on the model's backend (the ViT,
 // the aligner, the span rows: what a request's image costs before its span is prefilled), with
 // seeded patch values; its plan is the model's (the size it is resized to, its patches, its span).
 // Image tokens/s counts the span's positions; FLOPs are 2 per multiply-add of the ViT's linears and
-// attention and of the aligner, against the best unit's peak and the peak of the unit it runs on.
+// attention and of the aligner, against the best unit's peak and the peak of the unit the level's
+// GEMMs run on (the ViT's linears and its attention scores; the attention's P·V stays fp32).
 nlohmann::json bench_vision(const Model& m, const std::vector<std::pair<int64_t, int64_t>>& sizes, const Limits& lim,
                             const std::vector<UnitPeak>& peaks) {
   const ModelConfig& c = m.config();
@@ -490,7 +475,7 @@ nlohmann::json bench_vision(const Model& m, const std::vector<std::pair<int64_t,
   const VisionTower tower(m.backend(), *m.weights().vision, c.vision, c.dim);
   double unit_peak = 0;
   for (const UnitPeak& p : peaks) {
-    if (p.unit == vision_unit(m.backend().level())) unit_peak = p.gflops;
+    if (p.unit == gemm_unit(m.backend().level())) unit_peak = p.gflops;
   }
   nlohmann::json out = nlohmann::json::array();
   for (const auto& [w, h] : sizes) {
@@ -517,7 +502,7 @@ nlohmann::json bench_vision(const Model& m, const std::vector<std::pair<int64_t,
                           {"gflops", flops / secs / 1e9},
                           {"flops_efficiency", flops / secs / (lim.peak_gflops * 1e9)}};
     if (unit_peak > 0) {
-      row["unit"] = vision_unit(m.backend().level());
+      row["unit"] = gemm_unit(m.backend().level());
       row["unit_efficiency"] = flops / secs / (unit_peak * 1e9);
     }
     out.push_back(row);

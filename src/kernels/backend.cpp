@@ -135,13 +135,26 @@ void Backend::stream_mean(const float* X, int64_t count, int64_t hc, int64_t dim
   reference::stream_mean(X, count, hc, dim, out, out_stride);
 }
 void Backend::add(float* y, const float* x, int64_t n) const { reference::add(y, x, n); }
+// The vision tower's elementwise ops: the references over ranges of rows or values, spread over the
+// pool when there is enough work (each value is computed alone: the same bits at any split).
+namespace {
+constexpr int64_t kElementwiseParallelMin = int64_t{1} << 15;
+}  // namespace
+
 void Backend::add_bias_bf16(float* y, int64_t m, int64_t n, const float* bias) const {
-  reference::add_bias_bf16(y, m, n, bias);
+  exec().run(m * n >= kElementwiseParallelMin, m, 8,
+             [&](int64_t b, int64_t e, Scratch&) { reference::add_bias_bf16(y + b * n, e - b, n, bias); });
 }
-void Backend::add_bf16(float* y, const float* x, int64_t n) const { reference::add_bf16(y, x, n); }
+void Backend::add_bf16(float* y, const float* x, int64_t n) const {
+  exec().run(n >= kElementwiseParallelMin, n, 4096,
+             [&](int64_t b, int64_t e, Scratch&) { reference::add_bf16(y + b, x + b, e - b); });
+}
 void Backend::rope_rotate_half(const float* cos, const float* sin, int64_t rows, int64_t heads, int64_t head_dim,
                                float* x, int64_t row_stride) const {
-  reference::rope_rotate_half(cos, sin, rows, heads, head_dim, x, row_stride);
+  const int64_t half = head_dim / 2;
+  exec().run(rows * heads * head_dim >= kElementwiseParallelMin, rows, 8, [&](int64_t b, int64_t e, Scratch&) {
+    reference::rope_rotate_half(cos + b * half, sin + b * half, e - b, heads, head_dim, x + b * row_stride, row_stride);
+  });
 }
 void Backend::dense_attention(const float* q, const float* k, const float* v, int64_t n, int64_t heads, int64_t d,
                               int64_t stride, float scale, float* out) const {
@@ -152,9 +165,13 @@ void Backend::dense_attention(const float* q, const float* k, const float* v, in
   });
 }
 void Backend::silu_mul_bf16(const float* gate_up, int64_t m, int64_t n, float* out) const {
-  reference::silu_mul_bf16(gate_up, m, n, out);
+  exec().run(m * n >= kElementwiseParallelMin, m, 8, [&](int64_t b, int64_t e, Scratch&) {
+    reference::silu_mul_bf16(gate_up + b * 2 * n, e - b, n, out + b * n);
+  });
 }
-void Backend::gelu_erf_bf16(float* x, int64_t n) const { reference::gelu_erf_bf16(x, n); }
+void Backend::gelu_erf_bf16(float* x, int64_t n) const {
+  exec().run(n >= kElementwiseParallelMin, n, 4096, [&](int64_t b, int64_t e, Scratch&) { reference::gelu_erf_bf16(x + b, e - b); });
+}
 void Backend::unfold_cells(const float* x, int64_t nh, int64_t nw, int64_t dim, int64_t r, float* out) const {
   reference::unfold_cells(x, nh, nw, dim, r, out);
 }

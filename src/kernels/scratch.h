@@ -33,6 +33,7 @@ enum class ScratchSlot {
   DenseQuery,        // the ViT's attention: a block of queries transposed, queries in lanes
   DenseScores,       // their scores, then probabilities, against every key
   DenseOut,          // their outputs before the transpose back
+  PairRows,          // activations or keys as bf16 pairs for vdpbf16ps (the calling thread's)
   Count
 };
 

@@ -298,13 +298,14 @@ inline bool row_pairs(const float* r, int64_t count, uint32_t* out) {
 
 // The activations as pairs [m][k_blocks·16] (k zero-padded to whole blocks) into `out`; false when one
 // is not a bf16 value or is outside the pairs' range.
-bool bf16_activation_pairs(const Exec& ex, const float* x, int64_t m, int64_t k, bool parallel,
-                           std::vector<uint32_t>& out) {
-  const int64_t kp = k_blocks(k) * kPairs;
-  out.assign(static_cast<size_t>(m * kp), 0u);
+bool bf16_activation_pairs(const Exec& ex, const float* x, int64_t m, int64_t k, bool parallel, uint32_t* out) {
+  const int64_t kp = k_blocks(k) * kPairs, used = (k + 1) / 2;
   std::vector<uint8_t> bad(static_cast<size_t>(m), 0);
   ex.run(parallel && m > 1, m, 1, [&](int64_t i0, int64_t i1, Scratch&) {
-    for (int64_t i = i0; i < i1; ++i) bad[static_cast<size_t>(i)] = !row_pairs(x + i * k, k, out.data() + i * kp);
+    for (int64_t i = i0; i < i1; ++i) {
+      bad[static_cast<size_t>(i)] = !row_pairs(x + i * k, k, out + i * kp);
+      std::fill(out + i * kp + used, out + (i + 1) * kp, 0u);
+    }
   });
   return std::none_of(bad.begin(), bad.end(), [](uint8_t b) { return b != 0; });
 }
@@ -399,11 +400,15 @@ bool run_bf16_pairs(const Exec& ex, const float* x, int64_t m, const Bf16Matrix&
   static_assert(!Kind::kRounded, "pairs need exact products");
   if (m <= V::kGemvRows || w.n <= 0 || w.k <= 0) return false;  // GEMV: bandwidth-bound
   const bool parallel = w.n * w.k >= kParallelMin;
-  std::vector<uint32_t> xp;
-  if (!bf16_activation_pairs(ex, x, m, w.k, parallel, xp)) return false;
-  ex.run(parallel, w.n, kTileRows,
-         [&](int64_t r0, int64_t r1, Scratch& s) { gemm_bf16_pairs<Kind>(xp.data(), x, m, w, y, r0, r1, s); });
-  return true;
+  bool paired = false;
+  // the pairs in the calling thread's scratch (reused call after call), read by every worker
+  ex.serial(1, [&](int64_t, int64_t, Scratch& mine) {
+    uint32_t* xp = mine.get<uint32_t>(ScratchSlot::PairRows, static_cast<size_t>(m * k_blocks(w.k) * kPairs));
+    if (!bf16_activation_pairs(ex, x, m, w.k, parallel, xp)) return;
+    paired = true;
+    ex.run(parallel, w.n, kTileRows, [&](int64_t r0, int64_t r1, Scratch& s) { gemm_bf16_pairs<Kind>(xp, x, m, w, y, r0, r1, s); });
+  });
+  return paired;
 }
 
 // ---- the ViT's attention: q·k on vdpbf16ps ----------------------------------------------------------
@@ -414,17 +419,15 @@ bool run_bf16_pairs(const Exec& ex, const float* x, int64_t m, const Bf16Matrix&
 // pairs' conditions are the bf16 linears' above, checked over the call's queries and keys, and a call
 // that does not meet them takes the fp32 chains (DenseScores).
 
-// Whether q and k (n rows at `stride`, heads·d lanes each) can be pairs; k's pairs into kp
+// Whether q and k (n rows at `stride`, heads·d lanes each, d even) can be pairs; k's pairs into kp
 // [n][heads][d/2].
 bool dense_pairs(const Exec& ex, const float* q, const float* k, int64_t n, int64_t heads, int64_t d, int64_t stride,
-                 std::vector<uint32_t>& kp) {
-  if (d % 2 != 0) return false;
+                 uint32_t* kp) {
   const int64_t width = heads * d;
-  kp.assign(static_cast<size_t>(n * width / 2), 0u);
   std::vector<uint8_t> bad(static_cast<size_t>(n), 0);
   ex.run(n * width >= (int64_t{1} << 16), n, 16, [&](int64_t t0, int64_t t1, Scratch&) {
     for (int64_t t = t0; t < t1; ++t) {
-      const bool keys = row_pairs(k + t * stride, width, kp.data() + t * width / 2);
+      const bool keys = row_pairs(k + t * stride, width, kp + t * width / 2);
       bad[static_cast<size_t>(t)] = !keys || !row_pairs(q + t * stride, width, nullptr);
     }
   });
@@ -564,12 +567,18 @@ void linear_f32_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Bf1
 }
 void dense_attention_avx512_bf16(const Exec& ex, const float* q, const float* k, const float* v, int64_t n,
                                  int64_t heads, int64_t d, int64_t stride, float scale, float* out) {
-  std::vector<uint32_t> kp;
-  if (avx512_bf16::dense_pairs(ex, q, k, n, heads, d, stride, kp)) {
-    return avx512_bf16::dense_attention_simd(ex, avx512_bf16::DensePairScores{q, kp.data(), heads, d, stride}, v, n,
-                                             heads, d, stride, scale, out);
+  bool paired = false;
+  if (d % 2 == 0) {
+    // the key pairs in the calling thread's scratch (reused call after call), read by every worker
+    ex.serial(1, [&](int64_t, int64_t, Scratch& mine) {
+      uint32_t* kp = mine.get<uint32_t>(ScratchSlot::PairRows, static_cast<size_t>(n * heads * d / 2));
+      if (!avx512_bf16::dense_pairs(ex, q, k, n, heads, d, stride, kp)) return;
+      paired = true;
+      avx512_bf16::dense_attention_simd(ex, avx512_bf16::DensePairScores{q, kp, heads, d, stride}, v, n, heads, d,
+                                        stride, scale, out);
+    });
   }
-  avx512_bf16::dense_attention_simd(ex, q, k, v, n, heads, d, stride, scale, out);
+  if (!paired) avx512_bf16::dense_attention_simd(ex, q, k, v, n, heads, d, stride, scale, out);
 }
 bool bf16_dot_rounds_in_order() { return avx512_bf16::rounds_in_order(); }
 double bf16_dot_over_fma_rate() { return avx512_bf16::dot_over_fma_rate(); }

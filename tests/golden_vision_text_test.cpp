@@ -132,7 +132,7 @@ TEST_P(GoldenVisionText, GreedyDecodeAfterTheSpans) {
 // End to end from the pixels: the reference's patches of each image through dsv41's tower, its span
 // rows into the language model, every prefill logit row against the reference's. Reported, and held
 // only loosely: the tower is within 0.35% of the reference's bf16 tower (golden_vision_tower_test),
-// whose own kernels move it 0.3-0.7%, and this tiny random model amplifies that noise about 25 times
+// whose own kernels move it 0.3-0.7%, and this tiny random model amplifies that noise about 13-14 times
 // (docs/agreement.md).
 TEST_P(GoldenVisionText, EndToEndFromThePatchesIsReported) {
   const VisionPrompt p = prompt();

@@ -488,6 +488,13 @@ TEST(Ops, TopkAndCandidateBlocks) {
                          return as_floats(be ? be->select_candidate_blocks(s->data(), n, visible, blocks, bs, TopkTies::LowerIndexFirst)
                                              : reference::select_candidate_blocks(s->data(), n, visible, blocks, bs));
                        }});
+      // the later half not visible yet (-inf): fewer reachable blocks than asked for
+      auto half = std::make_shared<std::vector<float>>(*s);
+      std::fill(half->begin() + n / 2, half->end(), -std::numeric_limits<float>::infinity());
+      cases.push_back({named(g, "candidate blocks of " + std::to_string(n) + ", half visible"), [=](const Backend* be) {
+                         return as_floats(be ? be->select_candidate_blocks(half->data(), n, n / 2, blocks, bs, TopkTies::LowerIndexFirst)
+                                             : reference::select_candidate_blocks(half->data(), n, n / 2, blocks, bs));
+                       }});
     }
   }
   expect_agreement(cases);

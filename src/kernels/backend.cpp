@@ -79,6 +79,7 @@ std::vector<int32_t> Backend::topk_ascending(const float* scores, int64_t n, int
 }
 std::vector<int32_t> Backend::select_candidate_blocks(const float* scores, int64_t n, int64_t visible,
                                                       int64_t topk_blocks, int64_t block_size, TopkTies ties) const {
+  if (ties == TopkTies::LowerIndexFirst) return candidate_blocks_by_threshold(scores, n, visible, topk_blocks, block_size);
   return reference::select_candidate_blocks(scores, n, visible, topk_blocks, block_size, ties);
 }
 void Backend::sparse_attention(const float* q, int64_t heads, int64_t d, const KvRows& rows, const float* sink,

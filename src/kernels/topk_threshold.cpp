@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <limits>
 #include <numeric>
 
 namespace dsv41 {
@@ -38,6 +39,24 @@ std::vector<int32_t> topk_by_threshold(const float* scores, int64_t n, int64_t k
   for (; j < n; ++j) offer(j);
   std::sort(heap.begin(), heap.end());
   return heap;
+}
+
+std::vector<int32_t> candidate_blocks_by_threshold(const float* scores, int64_t n, int64_t visible,
+                                                   int64_t topk_blocks, int64_t block_size) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const int64_t blocks = (n + block_size - 1) / block_size;
+  // each block's best row, as the reference takes it (std::max in row order, so a NaN never enters)
+  std::vector<float> block_score(static_cast<size_t>(blocks), kNegInf);
+  for (int64_t b = 0; b < blocks; ++b) {
+    float best = kNegInf;
+    for (int64_t t = b * block_size; t < std::min(n, (b + 1) * block_size); ++t) best = std::max(best, scores[t]);
+    block_score[b] = best;
+  }
+  const int64_t last = visible > 0 ? (visible - 1) / block_size : -1;  // the newest block, pinned
+  if (last >= 0 && last < blocks) block_score[last] = std::numeric_limits<float>::infinity();
+  std::vector<int32_t> top = topk_by_threshold(block_score.data(), blocks, std::min(topk_blocks, blocks));
+  std::erase_if(top, [&](int32_t b) { return block_score[b] == kNegInf; });  // fewer reachable than asked
+  return top;
 }
 
 }  // namespace dsv41

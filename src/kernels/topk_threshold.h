@@ -13,4 +13,10 @@ namespace dsv41 {
 // unordered scores), where nth_element moves indices about all n.
 std::vector<int32_t> topk_by_threshold(const float* scores, int64_t n, int64_t k);
 
+// reference::select_candidate_blocks(..., TopkTies::LowerIndexFirst) with its block-level top-k by
+// topk_by_threshold: the same blocks (the order is total, so the set is unique), without sorting
+// an index per block of the whole history for every query.
+std::vector<int32_t> candidate_blocks_by_threshold(const float* scores, int64_t n, int64_t visible,
+                                                   int64_t topk_blocks, int64_t block_size);
+
 }  // namespace dsv41

@@ -143,6 +143,11 @@ void publish_rows(const Backend& be, const ModelConfig& c, const LayerRole& r, c
   }
 }
 
+// Below these, a call's queries stay on the calling thread: scores a selection pass reads, and
+// multiply-adds of attention (rows × heads × head_dim, per query, summed over the call's queries).
+constexpr int64_t kSplitSelectionScores = int64_t{1} << 14;
+constexpr int64_t kSplitAttentionWork = int64_t{1} << 18;
+
 // The indexer of an index source (model-spec §3.3 step 4): scores the visible compressed rows with
 // fp4 query heads against the shared index keys, in bf16 as the reference does, and keeps the top-k.
 // A candidate user scores only its queries' candidate pools. Its query and head-weight rows come
@@ -205,48 +210,59 @@ void run_indexer(const Backend& be, const ModelConfig& c, const LayerRole& r, co
   std::vector<int64_t> visible_keys(static_cast<size_t>(s));
   for (int64_t i = 0; i < s; ++i) visible_keys[i] = (ctx.start + i + 1) / ratio;
   const int64_t bs = c.candidate_block_size;
-  for (int64_t i = 0; i < s; ++i) {
-    const int64_t visible = visible_keys[i];
-    if (i % block == 0) {
-      const int64_t q0 = i, q1 = std::min(s, i + block);
-      if (r.candidate_user) {  // level two: only rows inside the pool's blocks are scored
-        be.index_scores_in_pool(&q[q0 * nh * K], &wts[q0 * nh], q1 - q0, nh, K, key_rows.data(), n_keys,
-                                &visible_keys[q0], &ctx.candidates[q0], bs, scores.data());
-      } else {
-        be.index_scores(&q[q0 * nh * K], &wts[q0 * nh], q1 - q0, nh, K, key_rows.data(), n_keys, &visible_keys[q0],
-                        scores.data());
+  for (int64_t q0 = 0; q0 < s; q0 += block) {
+    const int64_t q1 = std::min(s, q0 + block);
+    if (r.candidate_user) {  // level two: only rows inside the pool's blocks are scored
+      be.index_scores_in_pool(&q[q0 * nh * K], &wts[q0 * nh], q1 - q0, nh, K, key_rows.data(), n_keys,
+                              &visible_keys[q0], &ctx.candidates[q0], bs, scores.data());
+    } else {
+      be.index_scores(&q[q0 * nh * K], &wts[q0 * nh], q1 - q0, nh, K, key_rows.data(), n_keys, &visible_keys[q0],
+                      scores.data());
+    }
+    // Each query's selection reads its own row of scores and writes its own entries, so the queries
+    // are split over the pool (one pass over the history per query: at long contexts the selection
+    // costs as much as the scoring), unless too few scores pay for waking it. The ops inside run on
+    // their worker's thread.
+    const bool split = q1 - q0 > 1 && (q1 - q0) * n_keys >= kSplitSelectionScores;
+    be.exec().run(split, q1 - q0, 1, [&](int64_t b, int64_t e, Scratch&) {
+      for (int64_t i = q0 + b; i < q0 + e; ++i) {
+        const float* score = &scores[(i - q0) * n_keys];
+        if (r.candidate_source) {
+          ctx.candidates[i] =
+              be.select_candidate_blocks(score, n_keys, visible_keys[i], c.candidate_topk_blocks, bs, ctx.topk_ties);
+        }
+        std::vector<int32_t> top = be.topk_ascending(score, n_keys, k, ctx.topk_ties);
+        for (int32_t& t : top) {
+          if (t >= visible_keys[i]) t = -1;
+        }
+        selected[i] = std::move(top);
+      }
+    });
+    for (int64_t i = q0; i < q1; ++i) {
+      const float* score = &scores[(i - q0) * n_keys];
+      const int64_t visible = visible_keys[i];
+      if (cap) {
+        std::copy(score, score + n_keys, cap->scores.begin() + i * n_keys);
+        std::copy(selected[i].begin(), selected[i].end(), cap->selected.begin() + i * cap->k);
+        if (r.candidate_source) {
+          for (int32_t b : ctx.candidates[i])
+            for (int64_t t = b * bs; t < std::min(n_keys, (b + 1) * bs); ++t) cap->candidates[i * n_keys + t] = 1;
+        }
+      }
+      if (teacher_selection != nullptr) {
+        const int32_t* forced = &(*teacher_selection)[static_cast<size_t>(i * k)];
+        selected[i].assign(forced, forced + k);
+        for (const int32_t t : selected[i])
+          if (t < -1 || t >= visible) fail("teacher forcing", "a selection names a row its query cannot see");
+      }
+      if (teacher_pool != nullptr) {
+        ctx.candidates[i].clear();
+        for (int64_t b = 0; b * bs < n_keys; ++b) {
+          if ((*teacher_pool)[static_cast<size_t>(i * n_keys + b * bs)] != 0)
+            ctx.candidates[i].push_back(static_cast<int32_t>(b));
+        }
       }
     }
-    const float* score = &scores[(i % block) * n_keys];
-    if (r.candidate_source) {
-      ctx.candidates[i] = be.select_candidate_blocks(score, n_keys, visible, c.candidate_topk_blocks, bs, ctx.topk_ties);
-    }
-    std::vector<int32_t> top = be.topk_ascending(score, n_keys, k, ctx.topk_ties);
-    for (int32_t& t : top) {
-      if (t >= visible) t = -1;
-    }
-    if (cap) {
-      std::copy(score, score + n_keys, cap->scores.begin() + i * n_keys);
-      std::copy(top.begin(), top.end(), cap->selected.begin() + i * cap->k);
-      if (r.candidate_source) {
-        for (int32_t b : ctx.candidates[i])
-          for (int64_t t = b * bs; t < std::min(n_keys, (b + 1) * bs); ++t) cap->candidates[i * n_keys + t] = 1;
-      }
-    }
-    if (teacher_selection != nullptr) {
-      const int32_t* forced = &(*teacher_selection)[static_cast<size_t>(i * k)];
-      top.assign(forced, forced + k);
-      for (const int32_t t : top)
-        if (t < -1 || t >= visible) fail("teacher forcing", "a selection names a row its query cannot see");
-    }
-    if (teacher_pool != nullptr) {
-      ctx.candidates[i].clear();
-      for (int64_t b = 0; b * bs < n_keys; ++b) {
-        if ((*teacher_pool)[static_cast<size_t>(i * n_keys + b * bs)] != 0)
-          ctx.candidates[i].push_back(static_cast<int32_t>(b));
-      }
-    }
-    selected[i] = std::move(top);
   }
 }
 
@@ -319,8 +335,7 @@ void sparse_attention_per_query(const Backend& be, const ModelConfig& c, const L
   const int64_t s = ctx.count, H = c.n_heads, D = c.head_dim, W = c.window_size, wrb = window_row_bytes(D);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   const KvSourceState* kv_src = r.compress_ratio > 0 ? st.sources[r.kv_from].get() : nullptr;
-  std::vector<const uint8_t*> window, compressed;
-  for (int64_t i = 0; i < s; ++i) {
+  const auto query = [&](int64_t i, std::vector<const uint8_t*>& window, std::vector<const uint8_t*>& compressed) {
     const int64_t pos = ctx.start + i;
     window.clear();
     compressed.clear();
@@ -357,7 +372,17 @@ void sparse_attention_per_query(const Backend& be, const ModelConfig& c, const L
                       static_cast<int64_t>(compressed.size())};
     be.sparse_attention(&q[i * H * D], H, D, list, w.attn_sink.data(), scale, &o[i * H * D]);
     be.rope(rope, rope_tail(&o[i * H * D], H, D, c.rope_head_dim, H, pos), true);
-  }
+  };
+  // A prefill's queries are split over the pool, each query's op on its worker's thread; one query (a
+  // decode step), or too little work to pay for waking the pool, runs on the calling thread, where
+  // the op may still split its heads. Every output is computed the same either way, so the bits do
+  // not depend on the split.
+  const int64_t rows_per_query = std::min(W, ctx.start + s) + (kv_src ? c.index_topk : 0);
+  const bool split = s > 1 && s * rows_per_query * H * D >= kSplitAttentionWork;
+  be.exec().run(split, s, 1, [&](int64_t b, int64_t e, Scratch&) {
+    std::vector<const uint8_t*> window, compressed;
+    for (int64_t i = b; i < e; ++i) query(i, window, compressed);
+  });
 }
 
 }  // namespace

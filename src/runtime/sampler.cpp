@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "util/error.h"
 
@@ -66,9 +65,7 @@ int32_t Sampler::draw(const std::vector<double>& w) {
 
 void Sampler::sample_prepare(const float* logits, int64_t vocab) {
   // probabilities in double, most likely first
-  order_.resize(static_cast<size_t>(vocab));
-  std::iota(order_.begin(), order_.end(), 0);
-  std::sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  logit_order_.sort(logits, vocab, order_);  // largest first, equal logits by ascending id
   probs_.resize(static_cast<size_t>(vocab));
   const double mx = logits[order_[0]];
   double sum = 0;

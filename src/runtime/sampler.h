@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "model/token_picker.h"
+#include "runtime/logit_order.h"
 #include "runtime/sampling_params.h"
 
 namespace dsv41 {
@@ -31,6 +32,7 @@ class Sampler final : public TokenPicker {
   int64_t keep_ = 0;
   std::vector<int32_t> order_;
   std::vector<double> probs_;
+  LogitOrder logit_order_;
 };
 
 // Index of the largest logit (the lowest index among equals).

@@ -26,6 +26,7 @@
 #include "numeric/formats.h"
 #include "numeric/quant.h"
 #include "numeric/row_codecs.h"
+#include "runtime/sampler.h"
 
 namespace {
 
@@ -489,6 +490,34 @@ BENCHMARK(MhcStep)
     ->ArgNames({"tokens", "isa"})
     ->ArgsProduct({{1, 16, 128}, {0, 1, 2}})
     ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+
+// Sampling one row at temperature > 0 (arg: the vocabulary): Sampler::sample, whose cost is ordering
+// the vocabulary (a radix sort on the logits' bits), against a comparison sort with the same rule,
+// the way the sampler ordered it before. Per row, single-threaded.
+void SampleRow(benchmark::State& state) {
+  const int64_t V = state.range(0);
+  const bool comparison = state.range(1) != 0;
+  std::vector<float> logits(static_cast<size_t>(V));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (float& x : logits) x = normal(rng);
+  dsv41::Sampler sampler(dsv41::SamplingParams{0.7, 1.0, 1});
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  for (auto _ : state) {
+    if (comparison) {
+      for (int64_t i = 0; i < V; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+      std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+      });
+      benchmark::DoNotOptimize(order.data());
+    } else {
+      benchmark::DoNotOptimize(sampler.sample(logits.data(), V));
+    }
+  }
+}
+BENCHMARK(SampleRow)->ArgNames({"vocab", "comparison_sort"})->ArgsProduct({{4096, 129280}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -24,8 +24,8 @@ std::vector<int32_t> by_comparison(const std::vector<float>& logits) {
   return order;
 }
 
-// Logits with what real rows hold and what breaks a careless bit sort: many exact ties (bf16-rounded
-// values), both zeros, negatives and positives, subnormals, infinities, the extremes.
+// Logits with what real rows hold and what breaks a careless bit sort: many exact ties (values
+// rounded to quarters), both zeros, negatives and positives, subnormals, infinities, the extremes.
 std::vector<float> hard_logits(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 4.0f);

@@ -11,14 +11,20 @@ namespace dsv41 {
 
 namespace {
 
-// Between decode-step kernels the gaps are tens of microseconds: waiting that long in a spin loop
-// answers the next call in nanoseconds, where parking on a futex would cost a few microseconds of
-// wake-up per call. Longer idle periods park, so an idle process does not burn a core.
+// Between decode-step kernels the gaps are tens of microseconds: waiting that long without parking
+// answers the next call in about a microsecond, where parking on a futex would cost a few
+// microseconds of wake-up per call. Longer idle periods park, so an idle process does not burn a core.
 constexpr auto kSpinFor = std::chrono::microseconds(100);
+// The first checks spin on the core; after them each check yields the core first, so a waiting
+// thread on a machine whose cores are all taken (other processes, or more threads than cores) hands
+// its time slice to whoever has work, the thread it waits for included, instead of burning it.
+constexpr int kPureSpins = 256;
 
 // Chunks per thread: enough that a thread sharing its core with another process does not hold the
 // others up, few enough that taking one (an atomic increment) stays negligible.
 constexpr int kChunksPerThread = 4;
+
+constexpr uint64_t kChunkMask = 0xFFFF;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -26,15 +32,19 @@ inline void cpu_relax() {
 #endif
 }
 
-// Waits until `value` differs from `old`: spins for kSpinFor, then blocks in atomic::wait.
+// Waits until `value` differs from `old`: spins (then yields) for kSpinFor, then blocks in atomic::wait.
 template <class T>
 T wait_for_change(const std::atomic<T>& value, T old) {
   const auto until = std::chrono::steady_clock::now() + kSpinFor;
   for (int i = 0;; ++i) {
     const T v = value.load(std::memory_order_acquire);
     if (v != old) return v;
-    cpu_relax();
-    if ((i & 63) == 63 && std::chrono::steady_clock::now() > until) break;
+    if (i < kPureSpins) {
+      cpu_relax();
+      continue;
+    }
+    std::this_thread::yield();
+    if (std::chrono::steady_clock::now() > until) break;
   }
   for (;;) {
     value.wait(old, std::memory_order_acquire);
@@ -58,8 +68,8 @@ ThreadPool::ThreadPool(int threads) : threads_(std::max(1, threads)) {
 
 ThreadPool::~ThreadPool() {
   stopping_.store(true, std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_release);
-  generation_.notify_all();
+  state_.fetch_add(uint64_t{1} << 32, std::memory_order_release);  // a new job of no chunks wakes them
+  state_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
@@ -87,31 +97,44 @@ void ThreadPool::release() noexcept {
   busy_.notify_all();
 }
 
-void ThreadPool::run_chunks(int worker) noexcept {
-  const Job& job = job_;
+void ThreadPool::run_chunks(uint64_t seq, int worker) noexcept {
+  uint64_t state = state_.load(std::memory_order_acquire);
   for (;;) {
-    const int64_t c = next_chunk_.fetch_add(1, std::memory_order_relaxed);
-    if (c >= job.chunks) return;
-    // Chunk c gets units [c·U/C, (c+1)·U/C): sizes differ by at most one grain.
-    const int64_t begin = job.units * c / job.chunks * job.grain;
-    const int64_t end = std::min(job.n, job.units * (c + 1) / job.chunks * job.grain);
-    if (begin >= end) continue;
-    try {
-      job.call(job.ctx, begin, end, worker);
-    } catch (...) {
-      const std::lock_guard<std::mutex> lock(error_mutex_);
-      if (!error_) error_ = std::current_exception();
+    if ((state >> 32) != seq) return;
+    const uint64_t c = state & kChunkMask;
+    if (c >= ((state >> 16) & kChunkMask)) return;
+    if (!state_.compare_exchange_weak(state, state + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
+      continue;
     }
+    // Chunk c is ours, so job_ is this job's until it is done. It gets units [c·U/C, (c+1)·U/C):
+    // sizes differ by at most one grain.
+    const Job& job = job_;
+    const int64_t ci = static_cast<int64_t>(c);
+    const int64_t begin = job.units * ci / job.chunks * job.grain;
+    const int64_t end = std::min(job.n, job.units * (ci + 1) / job.chunks * job.grain);
+    if (begin < end) {
+      try {
+        job.call(job.ctx, begin, end, worker);
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(error_mutex_);
+        if (!error_) error_ = std::current_exception();
+      }
+    }
+    // the job's last chunk done lets the caller return and rewrite job_: nothing of it is read after
+    const int64_t chunks = job.chunks;
+    if (chunks_done_.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) chunks_done_.notify_one();
+    state = state_.load(std::memory_order_acquire);
   }
 }
 
 void ThreadPool::worker_loop(int worker) {
-  uint64_t seen = 0;
+  uint64_t state = state_.load(std::memory_order_acquire);
   for (;;) {
-    seen = wait_for_change(generation_, seen);
     if (stopping_.load(std::memory_order_relaxed)) return;
-    run_chunks(worker);
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
+    run_chunks(state >> 32, worker);
+    // Once a job has no unclaimed chunk its word stays as it is until the next job is published.
+    const uint64_t now = state_.load(std::memory_order_acquire);
+    state = (now >> 32) != (state >> 32) ? now : wait_for_change(state_, now);
   }
 }
 
@@ -127,7 +150,7 @@ void ThreadPool::run(int64_t n, int64_t grain, bool split, RangeFn call, void* c
   } released{this, c.owner};
   grain = std::max<int64_t>(grain, 1);
   const int64_t units = (n + grain - 1) / grain;
-  const int64_t chunks = std::min<int64_t>(units, int64_t{kChunksPerThread} * threads_);
+  const int64_t chunks = std::min<int64_t>({units, int64_t{kChunksPerThread} * threads_, int64_t{kChunkMask}});
   if (!c.dispatch || !split || threads_ <= 1 || chunks <= 1) {
     call(ctx, 0, n, c.worker);
     return;
@@ -138,15 +161,15 @@ void ThreadPool::run(int64_t n, int64_t grain, bool split, RangeFn call, void* c
   } in_job{&in_job_};
   in_job_.store(true, std::memory_order_relaxed);
   job_ = Job{call, ctx, n, grain, units, chunks};
-  next_chunk_.store(0, std::memory_order_relaxed);
-  pending_.store(threads_ - 1, std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_release);  // publishes job_, next_chunk_ and pending_
-  generation_.notify_all();
+  chunks_done_.store(0, std::memory_order_relaxed);
+  const uint64_t seq = ((state_.load(std::memory_order_relaxed) >> 32) + 1) & 0xFFFFFFFFu;
+  state_.store(seq << 32 | static_cast<uint64_t>(chunks) << 16, std::memory_order_release);  // publishes job_
+  state_.notify_all();
 
-  run_chunks(0);
+  run_chunks(seq, 0);
 
-  for (int left = pending_.load(std::memory_order_acquire); left != 0;) {
-    left = wait_for_change(pending_, left);
+  for (int64_t done = chunks_done_.load(std::memory_order_acquire); done != chunks;) {
+    done = wait_for_change(chunks_done_, done);
   }
   std::exception_ptr error;
   {

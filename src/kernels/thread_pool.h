@@ -6,8 +6,11 @@
 // 1.. = the pool's threads) names the thread running the range, so a kernel can index per-worker
 // scratch memory with it. The range is cut into a few chunks per thread, which the calling thread
 // and the workers take in turn, so a thread slowed down by other processes on its core takes fewer
-// of them instead of holding everyone up. The kernels compute every output element the same way
-// whatever chunk holds it, so results do not depend on the thread count or the split.
+// of them instead of holding everyone up. A job is over when its chunks are done, not when every
+// worker has looked at it: a worker the OS has not scheduled yet (the machine busy with other
+// processes) costs the call nothing, where waiting for it to check in cost a scheduler time slice.
+// The kernels compute every output element the same way whatever chunk holds it, so results do not
+// depend on the thread count or the split.
 //
 // One job runs at a time. A call from a thread that is already inside this pool's job (nested) runs
 // its whole range inline as that thread's worker; a call from any other thread waits until the
@@ -74,7 +77,8 @@ class ThreadPool {
   void run(int64_t n, int64_t grain, bool split, RangeFn call, void* ctx);
   Claim claim();
   void release() noexcept;
-  void run_chunks(int worker) noexcept;  // takes chunks until none is left
+  // Takes chunks of job `seq` until none is left (or another job is current); false if it took none.
+  void run_chunks(uint64_t seq, int worker) noexcept;
   void worker_loop(int worker);
 
   int threads_ = 1;
@@ -84,9 +88,12 @@ class ThreadPool {
   std::atomic<bool> busy_{false};         // a job (or a serial call) holds the pool
   std::atomic<std::thread::id> owner_{};  // the thread that holds it
   std::atomic<bool> in_job_{false};       // the workers are running a job of the owner's
-  std::atomic<uint64_t> generation_{0};   // bumped once per job; workers wait for it to change
-  std::atomic<int> pending_{0};           // workers yet to finish the current job
-  std::atomic<int64_t> next_chunk_{0};
+  // The current job in one word, so that claiming a chunk also checks whose chunk it is: the job's
+  // sequence number (bits 32-63), its chunk count (16-31) and its next unclaimed chunk (0-15). A
+  // worker waking late for a finished job finds the sequence changed and claims nothing; job_ is
+  // read only after a claim, and the caller rewrites it only once every claimed chunk is done.
+  std::atomic<uint64_t> state_{0};
+  std::atomic<int64_t> chunks_done_{0};   // of the current job
   std::atomic<bool> stopping_{false};
   std::mutex error_mutex_;
   std::exception_ptr error_;

@@ -26,6 +26,9 @@ namespace dsv41 {
 // whole step's. While paused, the drafter stops observing the target, and the taps of the pause's
 // last window-ring's length of steps are kept and projected in one batch when drafting resumes, so a
 // pause costs plain steps only and the drafter still resumes with its whole window.
+// Greedy output does not depend on the guard. At temperature > 0 it does: a verification and a plain
+// step draw differently from the seeded stream, and the guard decides by timing, so a seeded sampled
+// run repeats itself exactly only with the guard off (`--acceptance-guard off`).
 struct AcceptanceGuardOptions {
   bool enabled = true;
   // Each window that does not pay costs its verifications' excess over plain steps, so the window is

@@ -132,6 +132,44 @@ TEST(EngineSpeculative, TheAcceptanceGuardStopsDraftsThatNeverPay) {
 // same options gives, while other requests in the engine run with the defaults. The exact request
 // shares the tail one's prompt: it must not be handed the tail prefill's state from the cache (whose
 // decoder windows hold only the prompt's last rows).
+// The random tiny model's drafter never pays (docs/speculative.md), so after one speculating sequence
+// has paused for it, the next starts paused where that one ended and, shorter than the pause, never
+// verifies; a request with the guard off still drafts at every step. Outputs stay plain decoding's.
+TEST(EngineSpeculative, ANewSequenceStartsFromThePauseTheLastOneLearned) {
+  Engine e(tiny_engine());
+  RequestParams p = greedy(30, 11, 60);
+  Collected plain;
+  e.submit(p, collect(plain));
+  wait(plain);
+  p.speculative = SpeculativeMethod::DSpark;
+  Collected first;
+  e.submit(p, collect(first));
+  wait(first);
+  EXPECT_EQ(first.tokens, plain.tokens);
+  ASSERT_GE(first.last.report.guard_pauses, 1) << "the drafter paid on the random model";
+  EXPECT_GT(first.last.report.verify_steps, 0);
+
+  p.max_tokens = 25;  // shorter than any pause the first can have ended with (32 or more)
+  Collected plain_short, next;
+  RequestParams q = p;
+  q.speculative = SpeculativeMethod::Off;
+  e.submit(q, collect(plain_short));
+  wait(plain_short);
+  e.submit(p, collect(next));
+  wait(next);
+  EXPECT_EQ(next.tokens, plain_short.tokens);
+  EXPECT_EQ(next.last.report.verify_steps, 0);
+  EXPECT_EQ(next.last.report.plain_steps, 24);
+
+  p.acceptance_guard = false;
+  Collected unguarded;
+  e.submit(p, collect(unguarded));
+  wait(unguarded);
+  EXPECT_EQ(unguarded.tokens, plain_short.tokens);
+  EXPECT_LE(unguarded.last.report.plain_steps, 1);  // the last token's step, which nothing follows
+  EXPECT_GT(unguarded.last.report.verify_steps, 0);
+}
+
 TEST(EngineSpeculative, PrefillModeAndIndexKeysArePerRequest) {
   const Model& m = test::tiny_model();
   const int n = 12;

@@ -406,5 +406,53 @@ TEST(AcceptanceGuard, PausesWhenSpeculatingIsSlowerThanPlainSteps) {
   EXPECT_THROW(AcceptanceGuard{o}, Error);
 }
 
+// A guard can start where an earlier sequence's ended (AcceptanceGuardOptions::start_paused, which
+// the engine fills from learned_pause()): plain steps first, timed, so the first window decides
+// without a probe; a failure doubles that pause, a window that pays forgets it.
+TEST(AcceptanceGuard, StartsFromWhatEarlierSequencesLearned) {
+  AcceptanceGuardOptions o;
+  o.window = 2;
+  o.probe_steps = 2;
+  o.pause_steps = 3;
+  o.max_pause_steps = 16;
+  auto plain_run_of = [](AcceptanceGuard& guard) {
+    int n = 0;
+    while (!guard.drafting()) {
+      guard.plain_step(1.0);
+      ++n;
+    }
+    return n;
+  };
+  AcceptanceGuard first(o);
+  EXPECT_EQ(first.learned_pause(), 0);  // nothing decided yet
+  for (int expected : {2 + 3, 6, 12}) {  // the probe and the first pause, then failures in a row
+    first.verified(1, 2.0);
+    first.verified(1, 2.0);
+    EXPECT_EQ(plain_run_of(first), expected);
+  }
+  EXPECT_EQ(first.learned_pause(), 12);
+
+  o.start_paused = first.learned_pause();
+  AcceptanceGuard next(o);
+  EXPECT_FALSE(next.drafting());
+  EXPECT_EQ(next.learned_pause(), 12);  // a sequence that ends inside it passes it on unchanged
+  EXPECT_EQ(plain_run_of(next), 12);
+  next.verified(1, 2.0);
+  next.verified(1, 2.0);  // decides at once: the start's plain steps were timed
+  EXPECT_EQ(next.pauses(), 1);
+  EXPECT_EQ(next.learned_pause(), 16);  // twice 12, capped
+  EXPECT_EQ(plain_run_of(next), 16);
+  next.verified(3, 2.0);
+  next.verified(3, 2.0);  // 6 tokens in 4 s: pays
+  EXPECT_TRUE(next.drafting());
+  EXPECT_EQ(next.learned_pause(), 0);
+
+  o.start_paused = 17;  // beyond max_pause_steps
+  EXPECT_THROW(AcceptanceGuard{o}, Error);
+  o.start_paused = 5;
+  o.enabled = false;
+  EXPECT_TRUE(AcceptanceGuard(o).drafting());  // a disabled guard ignores it
+}
+
 }  // namespace
 }  // namespace dsv41

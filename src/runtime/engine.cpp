@@ -100,6 +100,10 @@ struct Engine::Impl {
   // std::async waits for its call when destroyed, and the scheduler must not
   std::vector<std::future<std::vector<uint8_t>>> abandoned;
   uint64_t reserved = 0;
+  // The acceptance guard's pause that the last speculating sequence ended with (0: drafting paid):
+  // a new sequence starts with it, so where drafts do not pay each sequence does not pay for a
+  // window of verifications to find out again (AcceptanceGuardOptions::start_paused).
+  int guard_start_pause = 0;
 
   void loop();
   void step();
@@ -270,6 +274,10 @@ EngineMetrics Engine::metrics() const {
 namespace {
 
 // What the request's sequence holds and did, read before its session goes.
+// Whether a request's guard starts from, and teaches, what earlier sequences learned: not with the
+// guard off, nor with forced drafts (a measurement whose acceptance says nothing of the drafter's).
+bool learns_from_guard(const RequestParams& p) { return p.acceptance_guard && !p.force_drafts; }
+
 RequestReport report_of(const Session& session, const SpeculativeDecoder* spec) {
   RequestReport rep;
   rep.replayed_tokens = session.cache_hit().replayed_tokens;
@@ -298,6 +306,7 @@ void Engine::Impl::finish(Request& r, const std::string& reason, const std::stri
   r.finished = true;
   TokenEvent e;
   if (r.session) e.report = report_of(*r.session, r.spec.get());
+  if (r.spec && learns_from_guard(r.params)) guard_start_pause = r.spec->guard().learned_pause();
   r.spec.reset();
   r.session.reset();  // its pages go back to the pools (the prefix cache keeps what it stored)
   e.done = true;
@@ -437,6 +446,7 @@ void Engine::Impl::start(Request& r, const CacheEntry* handed) {
     spo.fixed_length = p.draft_length >= 0 ? p.draft_length : opt.draft_length;
     spo.force_drafts = p.force_drafts;
     spo.guard.enabled = p.acceptance_guard;
+    if (learns_from_guard(p)) spo.guard.start_paused = guard_start_pause;
     r.spec = std::make_unique<SpeculativeDecoder>(*r.session, *drafter, *r.sampler, spo);
   } else if (p.export_state && drafter) {
     // a prefill server's: the drafter's rings cross with the rest of the state, so a decode server

@@ -34,8 +34,16 @@ int accept_drafts(const std::vector<std::vector<double>>& target, const std::vec
 AcceptanceGuard::AcceptanceGuard(AcceptanceGuardOptions options)
     : options_(options), next_pause_(options.pause_steps) {
   if (options_.window < 1 || options_.probe_steps < 1 || options_.pause_steps < 1 ||
-      options_.max_pause_steps < options_.pause_steps) {
-    fail("acceptance guard", "needs window >= 1, probe_steps >= 1 and 1 <= pause_steps <= max_pause_steps");
+      options_.max_pause_steps < options_.pause_steps || options_.start_paused < 0 ||
+      options_.start_paused > options_.max_pause_steps) {
+    fail("acceptance guard",
+         "needs window >= 1, probe_steps >= 1, 1 <= pause_steps <= max_pause_steps and 0 <= start_paused <= max_pause_steps");
+  }
+  if (options_.enabled && options_.start_paused > 0) {
+    // the steps of the start are timed as a pause's are, so the first window decides without a probe
+    plain_left_ = options_.start_paused;
+    next_pause_ = std::min(std::max(options_.start_paused * 2, options_.pause_steps), options_.max_pause_steps);
+    learned_pause_ = options_.start_paused;
   }
 }
 
@@ -72,9 +80,11 @@ void AcceptanceGuard::decide() {
   seconds_ = 0;
   if (pays) {
     next_pause_ = options_.pause_steps;  // a later failure starts from the first pause again
+    learned_pause_ = 0;
     return;
   }
   plain_left_ = next_pause_;
+  learned_pause_ = next_pause_;
   next_pause_ = std::min(next_pause_ * 2, options_.max_pause_steps);
   ++pauses_;
 }

@@ -40,6 +40,11 @@ struct AcceptanceGuardOptions {
   int probe_steps = 2;                // plain steps timed after the first window
   int pause_steps = 32;               // plain steps of the first pause
   int max_pause_steps = 1024;
+  // Plain steps before the first window: what sequences that finished before this one learned (the
+  // engine passes learned_pause() on), so that where drafting has not been paying a new sequence
+  // does not pay for a window to find out again. A first window that fails after it pauses for twice
+  // as long; one that pays resets the pauses.
+  int start_paused = 0;
 };
 
 class AcceptanceGuard {
@@ -50,6 +55,9 @@ class AcceptanceGuard {
   void verified(int64_t tokens, double seconds);      // after a verification that yielded `tokens`
   void plain_step(double seconds);                    // after a plain step (a probe or a pause)
   int64_t pauses() const { return pauses_; }
+  // For the next sequence's start_paused: the pause the last decision chose, 0 if it found that
+  // drafting pays or nothing was decided.
+  int learned_pause() const { return learned_pause_; }
 
  private:
   AcceptanceGuardOptions options_;
@@ -62,6 +70,7 @@ class AcceptanceGuard {
   bool probing_ = false;  // the plain steps under way are the probe a window waits for
   void decide();          // on the window's verifications against the plain rate
   int64_t pauses_ = 0;
+  int learned_pause_ = 0;
 };
 
 struct SpeculativeOptions {
@@ -107,6 +116,7 @@ class SpeculativeDecoder {
   void plan(int32_t next, int max_drafts);
   Step finish();
   const SpeculativeStats& stats() const { return stats_; }
+  const AcceptanceGuard& guard() const { return guard_; }
 
  private:
   int choose_length(const std::vector<float>& confidence) const;

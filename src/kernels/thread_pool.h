@@ -77,7 +77,7 @@ class ThreadPool {
   void run(int64_t n, int64_t grain, bool split, RangeFn call, void* ctx);
   Claim claim();
   void release() noexcept;
-  // Takes chunks of job `seq` until none is left (or another job is current); false if it took none.
+  // Takes chunks of job `seq` until none is left (or another job is current).
   void run_chunks(uint64_t seq, int worker) noexcept;
   void worker_loop(int worker);
 

@@ -273,11 +273,11 @@ EngineMetrics Engine::metrics() const {
 
 namespace {
 
-// What the request's sequence holds and did, read before its session goes.
 // Whether a request's guard starts from, and teaches, what earlier sequences learned: not with the
 // guard off, nor with forced drafts (a measurement whose acceptance says nothing of the drafter's).
 bool learns_from_guard(const RequestParams& p) { return p.acceptance_guard && !p.force_drafts; }
 
+// What the request's sequence holds and did, read before its session goes.
 RequestReport report_of(const Session& session, const SpeculativeDecoder* spec) {
   RequestReport rep;
   rep.replayed_tokens = session.cache_hit().replayed_tokens;

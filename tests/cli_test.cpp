@@ -547,6 +547,22 @@ TEST(CliBench, LongContextReportsTheAgentsShape) {
   auto short_model = test::run_dsv41("bench -m " + test::tiny_model_dir() + " --scenario long-context");
   EXPECT_NE(short_model.status, 0);
   EXPECT_NE(short_model.out.find("needs 33024 positions but the model has 4096"), std::string::npos) << short_model.out;
+
+  // --long-parts runs the parts named, alone (a large checkpoint's scenario split over runs); the
+  // positions asked of the model are those of the parts that run
+  auto decode_only = test::run_dsv41("bench -m " + test::tiny_model_dir() +
+                                     " --scenario long-context --long-parts decode --long-decode 256,1024 --steps 2 --json");
+  ASSERT_EQ(decode_only.status, 0) << decode_only.out;
+  const auto d = nlohmann::json::parse(decode_only.out.substr(decode_only.out.find("{\n")))["long_context"];
+  EXPECT_FALSE(d.contains("prefill")) << d;
+  EXPECT_FALSE(d.contains("prefix_hit")) << d;
+  ASSERT_EQ(d["decode"].size(), 2u) << d;
+  EXPECT_EQ(d["decode"][1]["context"], 1024);
+  for (const char* bad : {"decode,nothing", ","}) {
+    auto refused = test::run_dsv41("bench -m " + test::tiny_model_dir() + " --scenario long-context --long-parts '" + bad + "'");
+    EXPECT_NE(refused.status, 0) << bad;
+    EXPECT_NE(refused.out.find("--long-parts"), std::string::npos) << refused.out;
+  }
 }
 
 // vision-encode dumps each stage of one image in the golden's files: the pixels and patches are the

@@ -396,20 +396,28 @@ struct LongContextPlan {
   std::vector<int64_t> prefill_lengths, decode_contexts;
   int64_t cached = 0, fresh = 0;
   int steps = 0;
+  // The parts that run (--long-parts): on a large checkpoint the whole scenario is hours of prefill,
+  // and each part's ratios (efficiency against the run's peak, decode against its shortest context,
+  // a hit against its cold prefill) are whole within the part, so the parts can be separate runs.
+  bool prefill = true, decode = true, prefix_hit = true;
 };
 
 nlohmann::json bench_long_context(const std::string& dir, const std::shared_ptr<const Model>& m,
                                   const LongContextPlan& plan, const Limits& lim) {
-  const int64_t longest = std::max({plan.cached + plan.fresh, plan.decode_contexts.back() + plan.steps + 2,
-                                    *std::max_element(plan.prefill_lengths.begin(), plan.prefill_lengths.end())});
+  int64_t longest = 0;
+  if (plan.prefix_hit) longest = std::max(longest, plan.cached + plan.fresh);
+  if (plan.decode) longest = std::max(longest, *std::max_element(plan.decode_contexts.begin(), plan.decode_contexts.end()) + plan.steps + 2);
+  if (plan.prefill) longest = std::max(longest, *std::max_element(plan.prefill_lengths.begin(), plan.prefill_lengths.end()));
   if (longest > m->config().max_seq_len) {
     fail("--scenario long-context", "needs " + std::to_string(longest) + " positions but the model has " +
                                         std::to_string(m->config().max_seq_len) +
                                         " (max_position_embeddings; make-tiny --preset long has 1048576)");
   }
-  return {{"prefill", bench_cold_prefill(dir, m, plan.prefill_lengths, lim)},
-          {"decode", bench_decode(dir, m, plan.decode_contexts, plan.steps, lim)},
-          {"prefix_hit", bench_prefix_hit(dir, m, plan.cached, plan.fresh)}};
+  nlohmann::json out = nlohmann::json::object();
+  if (plan.prefill) out["prefill"] = bench_cold_prefill(dir, m, plan.prefill_lengths, lim);
+  if (plan.decode) out["decode"] = bench_decode(dir, m, plan.decode_contexts, plan.steps, lim);
+  if (plan.prefix_hit) out["prefix_hit"] = bench_prefix_hit(dir, m, plan.cached, plan.fresh);
+  return out;
 }
 
 // Aggregate decode throughput of N concurrent streams through the engine's scheduler, counted once
@@ -596,8 +604,11 @@ void write_plot(const std::string& path, const nlohmann::json& r) {
   const double bandwidth = r["machine"]["bandwidth_gbs"].get<double>() * 1e9;
   if (r.contains("long_context")) {
     const nlohmann::json& lc = r["long_context"];
-    const double floor_ms = lc["decode"].empty() ? 0 : 1e3 * lc["decode"][0]["active_bytes_per_token"].get<double>() / bandwidth;
-    write_svg(path, rate_series(lc["prefill"], lc["decode"], [](double tok_s) { return 1e3 / tok_s; }, "ms/token"),
+    const nlohmann::json none;
+    const nlohmann::json& prefill = lc.contains("prefill") ? lc["prefill"] : none;
+    const nlohmann::json& decode = lc.contains("decode") ? lc["decode"] : none;
+    const double floor_ms = decode.is_null() || decode.empty() ? 0 : 1e3 * decode[0]["active_bytes_per_token"].get<double>() / bandwidth;
+    write_svg(path, rate_series(prefill, decode, [](double tok_s) { return 1e3 / tok_s; }, "ms/token"),
               "ms per token (log)", floor_ms, "decode floor: active bytes per token / measured bandwidth");
     return;
   }
@@ -639,12 +650,14 @@ int run_bench(int argc, char** argv, MpiJob* job) {
         "  --long-decode A,B,..   long-context decode contexts (default 1024,8192,32768)\n"
         "  --long-cached N        long-context prefix hit: tokens of history cached (default 32768)\n"
         "  --long-new N           long-context prefix hit: new tokens after them (default 256)\n"
+        "  --long-parts LIST      long-context parts to run: prefill, decode, prefix-hit (default all three; on a\n"
+        "                         large checkpoint each part can be its own run)\n"
         "  --ram SIZE             memory budget the model's load follows (default: the available RAM, or the memory\n"
         "                         cgroup's limit); the plan and the load time are in the report");
     return 0;
   }
   Args args("bench", argc, argv, {"--model", "--scenario", "--steps", "--io-threads", "--plot", "--lengths", "--gemm-rows",
-             "--long-prefill", "--long-decode", "--long-cached", "--long-new", "--ram", "--image-sizes"}, {"--json", "--expert-parallel"},
+             "--long-prefill", "--long-decode", "--long-cached", "--long-new", "--long-parts", "--ram", "--image-sizes"}, {"--json", "--expert-parallel"},
             {{"-m", "--model"}});
   const std::string dir = args.required("--model");
   const std::string scenarios = args.get("--scenario", "gemm,cold-prefill,prefix-hit,decode,concurrency");
@@ -660,6 +673,22 @@ int run_bench(int argc, char** argv, MpiJob* job) {
   long_plan.cached = args.get_int("--long-cached", 32768, 1, int64_t{1} << 24);
   long_plan.fresh = args.get_int("--long-new", 256, 1, int64_t{1} << 24);
   long_plan.steps = steps > 0 ? steps : 16;
+  {
+    std::stringstream parts(args.get("--long-parts", "prefill,decode,prefix-hit"));
+    long_plan.prefill = long_plan.decode = long_plan.prefix_hit = false;
+    for (std::string part; std::getline(parts, part, ',');) {
+      if (part == "prefill") {
+        long_plan.prefill = true;
+      } else if (part == "decode") {
+        long_plan.decode = true;
+      } else if (part == "prefix-hit") {
+        long_plan.prefix_hit = true;
+      } else {
+        fail("--long-parts", "unknown part \"" + part + "\" (available: prefill, decode, prefix-hit)");
+      }
+    }
+    if (!long_plan.prefill && !long_plan.decode && !long_plan.prefix_hit) fail("--long-parts", "names no part");
+  }
   std::vector<std::string> names;
   {
     std::stringstream list(scenarios);
@@ -794,21 +823,23 @@ int run_bench(int argc, char** argv, MpiJob* job) {
   }
   if (report.contains("long_context")) {
     const nlohmann::json& lc = report["long_context"];
-    std::printf("long context: cold prefill\n  %-8s %-6s %10s %10s %12s\n", "prompt", "mode", "tok/s", "of peak", "ms/token");
-    for (const auto& r : lc["prefill"]) {
+    if (lc.contains("prefill")) std::printf("long context: cold prefill\n  %-8s %-6s %10s %10s %12s\n", "prompt", "mode", "tok/s", "of peak", "ms/token");
+    for (const auto& r : lc.value("prefill", nlohmann::json::array())) {
       std::printf("  %-8lld %-6s %10.1f %9.1f%% %12.3f\n", static_cast<long long>(r["prompt_tokens"].get<int64_t>()),
                   r["mode"].get<std::string>().c_str(), r["tok_s"].get<double>(), 100 * r["flops_efficiency"].get<double>(),
                   1e3 / r["tok_s"].get<double>());
     }
-    const double first = lc["decode"][0]["tok_s"].get<double>();
-    std::printf("long context: decode\n  %-8s %10s %12s %14s\n", "context", "tok/s", "ms/token", "of first");
-    for (const auto& r : lc["decode"]) {
+    if (lc.contains("decode")) std::printf("long context: decode\n  %-8s %10s %12s %14s\n", "context", "tok/s", "ms/token", "of first");
+    for (const auto& r : lc.value("decode", nlohmann::json::array())) {
+      const double first = lc["decode"][0]["tok_s"].get<double>();
       std::printf("  %-8lld %10.2f %12.3f %13.2fx\n", static_cast<long long>(r["context"].get<int64_t>()), r["tok_s"].get<double>(),
                   1e3 / r["tok_s"].get<double>(), r["tok_s"].get<double>() / first);
     }
-    std::printf("long context: prefix hit\n  %-5s %-7s %8s %6s %10s %10s %8s\n", "tier", "mode", "cached", "new", "ttft s", "cold s",
-                "speedup");
-    for (const auto& r : lc["prefix_hit"]) {
+    if (lc.contains("prefix_hit")) {
+      std::printf("long context: prefix hit\n  %-5s %-7s %8s %6s %10s %10s %8s\n", "tier", "mode", "cached", "new", "ttft s",
+                  "cold s", "speedup");
+    }
+    for (const auto& r : lc.value("prefix_hit", nlohmann::json::array())) {
       std::printf("  %-5s %-7s %8lld %6lld %10.3f %10.3f %7.1fx\n", r["tier"].get<std::string>().c_str(),
                   r["mode"].get<std::string>().c_str(), static_cast<long long>(r["cached_tokens"].get<int64_t>()),
                   static_cast<long long>(r["new_tokens"].get<int64_t>()), r["ttft_s"].get<double>(), r["cold_ttft_s"].get<double>(),

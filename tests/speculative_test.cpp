@@ -352,24 +352,32 @@ TEST(Speculative, SamplingRunsWithForcedDrafts) {
 namespace dsv41 {
 namespace {
 
+// A guard with a window of 2, a probe of 2 and a first pause of 3 plain steps, up to `max_pause`.
+AcceptanceGuardOptions short_guard(int max_pause) {
+  AcceptanceGuardOptions o;
+  o.window = 2;
+  o.probe_steps = 2;
+  o.pause_steps = 3;
+  o.max_pause_steps = max_pause;
+  return o;
+}
+
+// Plain steps of 1 s until the guard drafts again: the length of the probe or pause under way.
+int plain_run_of(AcceptanceGuard& guard) {
+  int n = 0;
+  while (!guard.drafting()) {
+    guard.plain_step(1.0);
+    ++n;
+  }
+  return n;
+}
+
 // The guard's schedule, on made-up times (a plain step 1 s, a verification 2 s): after the first
 // window it times a few plain steps, and the probe's end decides on that window; a window yielding
 // fewer tokens per second than plain steps pauses drafting, each failure in a row doubling the pause
 // up to its cap; a window that pays resets it; a disabled guard never pauses.
 TEST(AcceptanceGuard, PausesWhenSpeculatingIsSlowerThanPlainSteps) {
-  AcceptanceGuardOptions o;
-  o.window = 2;
-  o.probe_steps = 2;
-  o.pause_steps = 3;
-  o.max_pause_steps = 8;
-  auto plain_run_of = [](AcceptanceGuard& guard) {
-    int n = 0;
-    while (!guard.drafting()) {
-      guard.plain_step(1.0);
-      ++n;
-    }
-    return n;
-  };
+  AcceptanceGuardOptions o = short_guard(8);
   AcceptanceGuard g(o);
   auto plain_run = [&] { return plain_run_of(g); };
   g.verified(1, 2.0);
@@ -410,19 +418,7 @@ TEST(AcceptanceGuard, PausesWhenSpeculatingIsSlowerThanPlainSteps) {
 // the engine fills from learned_pause()): plain steps first, timed, so the first window decides
 // without a probe; a failure doubles that pause, a window that pays forgets it.
 TEST(AcceptanceGuard, StartsFromWhatEarlierSequencesLearned) {
-  AcceptanceGuardOptions o;
-  o.window = 2;
-  o.probe_steps = 2;
-  o.pause_steps = 3;
-  o.max_pause_steps = 16;
-  auto plain_run_of = [](AcceptanceGuard& guard) {
-    int n = 0;
-    while (!guard.drafting()) {
-      guard.plain_step(1.0);
-      ++n;
-    }
-    return n;
-  };
+  AcceptanceGuardOptions o = short_guard(16);
   AcceptanceGuard first(o);
   EXPECT_EQ(first.learned_pause(), 0);  // nothing decided yet
   for (int expected : {2 + 3, 6, 12}) {  // the probe and the first pause, then failures in a row

@@ -128,10 +128,6 @@ TEST(EngineSpeculative, TheAcceptanceGuardStopsDraftsThatNeverPay) {
   EXPECT_EQ(e.metrics().spec_guard_pauses, 2u);
 }
 
-// Tail-mode prefill and reference index keys per request: each request gets what a session with the
-// same options gives, while other requests in the engine run with the defaults. The exact request
-// shares the tail one's prompt: it must not be handed the tail prefill's state from the cache (whose
-// decoder windows hold only the prompt's last rows).
 // The random tiny model's drafter never pays (docs/speculative.md), so after one speculating sequence
 // has paused for it, the next starts paused where that one ended and, shorter than the pause, never
 // verifies; a request with the guard off still drafts at every step. Outputs stay plain decoding's.
@@ -170,6 +166,10 @@ TEST(EngineSpeculative, ANewSequenceStartsFromThePauseTheLastOneLearned) {
   EXPECT_GT(unguarded.last.report.verify_steps, 0);
 }
 
+// Tail-mode prefill and reference index keys per request: each request gets what a session with the
+// same options gives, while other requests in the engine run with the defaults. The exact request
+// shares the tail one's prompt: it must not be handed the tail prefill's state from the cache (whose
+// decoder windows hold only the prompt's last rows).
 TEST(EngineSpeculative, PrefillModeAndIndexKeysArePerRequest) {
   const Model& m = test::tiny_model();
   const int n = 12;

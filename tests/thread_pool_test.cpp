@@ -171,9 +171,9 @@ TEST(ThreadPool, JobsDoNotWaitForWorkersTheOsHasNotScheduled) {
     const auto start = std::chrono::steady_clock::now();
     for (int j = 0; j < kJobs; ++j) {
       pool.parallel_for(64, 1, [&](int64_t b, int64_t e) {
-        int64_t x = b;
-        for (int64_t i = 0; i < (e - b) * 1000; ++i) x = x * 6364136223846793005 + 1442695040888963407;
-        sink.fetch_add(x, std::memory_order_relaxed);
+        uint64_t x = static_cast<uint64_t>(b);  // unsigned: the generator's products wrap
+        for (int64_t i = 0; i < (e - b) * 1000; ++i) x = x * 6364136223846793005u + 1442695040888963407u;
+        sink.fetch_add(static_cast<int64_t>(x & 0xFF), std::memory_order_relaxed);
       });
     }
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -1,4 +1,4 @@
-"""Trains a small DeepSeek-V4.1 on the prepared corpus, seeded, within a time budget.
+"""Trains a small DeepSeek-V4.1 on the prepared corpus, seeded, for a number of steps.
 
 The model starts from a checkpoint in the released layout (`dsv41 make-tiny --tokenizer`, which
 fixes the geometry, the vocabulary and the Engram tables) and ends as full-precision weights that
@@ -15,9 +15,15 @@ fixes the geometry, the vocabulary and the Engram tables) and ends as full-preci
     engine does (bf16 activations, FP8 activation QDQ, FP4/FP8 KV, FP8 weights with 32x32 UE8M0
     tiles, FP4 experts), each rounding a straight-through estimator.
 
-usage: /usr/bin/python3 tools/train/train.py --init DIR --data DIR --out DIR [--minutes M] [--seed S]
+The budget is a step count (--steps): the learning-rate schedule and the switch to quantization-aware
+training follow the step, so one command gives the same weights, bit for bit, however busy the machine
+is (the same torch build and --threads; the summary records the weights' SHA-256). --minutes instead
+gives a wall-clock budget for exploration, whose result depends on the machine's speed.
+
+usage: /usr/bin/python3 tools/train/train.py --init DIR --data DIR --out DIR (--steps N | --minutes M) [--seed S]
 """
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -84,11 +90,13 @@ def main():
     ap.add_argument("--init", required=True, help="model folder to start from (dsv41 make-tiny --tokenizer)")
     ap.add_argument("--data", required=True, help="folder with train.u32, heldout.u32, engram_map.i32")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--minutes", type=float, default=60.0, help="wall-clock training budget")
+    budget = ap.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--steps", type=int, help="training steps (repeatable: the schedule follows the step)")
+    budget.add_argument("--minutes", type=float, help="wall-clock budget (exploration: depends on the machine's speed)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--qat-fraction", type=float, default=0.2)
     ap.add_argument("--indexer-weight", type=float, default=0.1, help="per index-source layer")
@@ -97,6 +105,8 @@ def main():
     ap.add_argument("--eval-windows", type=int, default=64)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     args = ap.parse_args()
+    if (args.steps is not None and args.steps < 1) or (args.minutes is not None and args.minutes <= 0):
+        ap.error("the budget (--steps or --minutes) must be positive")
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -126,19 +136,24 @@ def main():
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
 
-    budget = args.minutes * 60
     t0 = time.time()
     step, qat, tokens = 0, False, 0
     ema = None
+
+    def progress():
+        """The fraction of the budget spent: by step (repeatable) or by the clock."""
+        if args.steps is not None:
+            return step / args.steps
+        return (time.time() - t0) / (args.minutes * 60)
+
     while True:
-        elapsed = time.time() - t0
-        if elapsed >= budget:
+        frac = progress()
+        if frac >= 1:
             break
-        frac = elapsed / budget
         if not qat and frac >= 1 - args.qat_fraction:
             qat = True
             model.set_numerics(exact=True, exact_order=False, fake_quant_weights=True)
-            log(logf, f"step {step}: quantization-aware from here ({elapsed / 60:.1f} min)")
+            log(logf, f"step {step}: quantization-aware from here ({(time.time() - t0) / 60:.1f} min)")
         lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
             g["lr"] = lr
@@ -172,10 +187,12 @@ def main():
               f"nll {nll:.4f}, ppl {math.exp(nll):.2f}")
     weights_path = os.path.join(args.out, "weights.safetensors")
     save_float_checkpoint(weights_path, model.state_dict(), {"steps": step, "seed": args.seed})
+    with open(weights_path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump({"steps": step, "tokens": tokens, "heldout_nll": nll, "heldout_tokens": n,
-                   "minutes": (time.time() - t0) / 60, "args": vars(args)}, f, indent=2)
-    log(logf, f"wrote {weights_path}")
+                   "minutes": (time.time() - t0) / 60, "weights_sha256": digest, "args": vars(args)}, f, indent=2)
+    log(logf, f"wrote {weights_path} (sha256 {digest})")
 
 
 if __name__ == "__main__":

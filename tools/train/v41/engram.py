@@ -7,6 +7,7 @@ import unicodedata
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .numerics import bf16, cascade_sum, fake_quant, linear_quantized, mean_sq
@@ -207,7 +208,9 @@ class Engram(nn.Module):
         num = self.num
         fq = num.fake_quant_weights
         table = fake_quant(self.embed.weight, "engram") if fq else self.embed.weight
-        e = bf16(table[rows], num.exact).flatten(-2)                 # [b, s, cols·head_dim]
+        # F.embedding, not table[rows]: indexing's backward accumulates rows in a thread-dependent
+        # order (index_put_), the embedding backward does not, and training must repeat bit for bit.
+        e = bf16(F.embedding(rows, table), num.exact).flatten(-2)     # [b, s, cols·head_dim]
         wkv = fake_quant(self.wkv.weight, "fp8") if fq else self.wkv.weight
         kv = linear_quantized(e, wkv, num)
         key, value = kv.split([self.hc * self.dim, self.dim], dim=-1)

@@ -6,7 +6,7 @@
 #   tools/train/run.sh [--steps N] [--seed S] [--out DIR]      (defaults: 1300, 0, models/brown-tiny)
 #
 # The budget is a step count and torch runs on a fixed 2 threads, so the same command writes the same
-# weights however fast or busy the machine is (about 85 minutes of 2 cores here, docs/training.md).
+# weights however fast or busy the machine is (about 90 minutes of 2 cores here, docs/training.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 steps=1300 seed=0 out=models/brown-tiny vocab=4096

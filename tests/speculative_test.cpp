@@ -184,6 +184,9 @@ TEST(Speculative, APauseLongerThanTheWindowResumesWithTheWholeWindow) {
   opt.guard.probe_steps = 1;
   opt.guard.pause_steps = static_cast<int>(W) + 24;
   opt.guard.max_pause_steps = opt.guard.pause_steps;
+  // a verification costs twice a plain step whatever the machine is doing, so a window of wrong
+  // drafts always pauses (measured times made the pause's start depend on the load)
+  opt.step_seconds = [](bool verification, double) { return verification ? 2.0 : 1.0; };
   std::vector<std::pair<int64_t, std::vector<int32_t>>> calls;
   opt.force_drafts = [&](int64_t pos, const std::vector<int32_t>& drafted) {
     calls.push_back({pos, drafted});

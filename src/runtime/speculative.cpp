@@ -157,7 +157,8 @@ void SpeculativeDecoder::plan(int32_t next, int max_drafts) {
 SpeculativeDecoder::Step SpeculativeDecoder::finish() {
   const int64_t V = session_.model().config().vocab_size;
   const ForwardResult& r = session_.planned_result();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - planned_at_).count();
+  const double measured = std::chrono::duration<double>(std::chrono::steady_clock::now() - planned_at_).count();
+  const double seconds = options_.step_seconds ? options_.step_seconds(verifying_, measured) : measured;
   Step out;
   if (!verifying_) {  // a plain step: the target's own token
     out.tokens.push_back(sampler_.sample(r.logits.data(), V));

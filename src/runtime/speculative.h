@@ -84,6 +84,9 @@ struct SpeculativeOptions {
   // Test and measurement hook: replaces the drafted tokens (at most block_size of them) for the step
   // whose first token sits at `position`.
   std::function<std::vector<int32_t>(int64_t position, const std::vector<int32_t>& drafted)> force_drafts;
+  // Test hook: replaces each step's measured seconds for the acceptance guard (`verification` says
+  // which kind of step), so that its decisions follow the test, not how busy the machine is.
+  std::function<double(bool verification, double measured)> step_seconds;
 };
 
 struct SpeculativeStats {

@@ -563,6 +563,24 @@ TEST(CliBench, LongContextReportsTheAgentsShape) {
     EXPECT_NE(refused.status, 0) << bad;
     EXPECT_NE(refused.out.find("--long-parts"), std::string::npos) << refused.out;
   }
+
+  // --long-hits measures only the tier/mode pairs named (each one prefills the cached history)
+  auto one_hit = test::run_dsv41("bench -m " + test::tiny_model_dir() +
+                                 " --scenario long-context --long-parts prefix-hit --long-cached 512 --long-new 32"
+                                 " --long-hits disk/replay --json");
+  ASSERT_EQ(one_hit.status, 0) << one_hit.out;
+  const auto p = nlohmann::json::parse(one_hit.out.substr(one_hit.out.find("{\n")))["long_context"];
+  EXPECT_FALSE(p.contains("decode")) << p;
+  ASSERT_EQ(p["prefix_hit"].size(), 1u) << p;
+  EXPECT_EQ(p["prefix_hit"][0]["tier"], "disk");
+  EXPECT_EQ(p["prefix_hit"][0]["mode"], "replay");
+  EXPECT_GT(p["prefix_hit"][0]["cached_tokens"].get<int64_t>(), 0) << p;
+  for (const char* bad : {"ram", "ram/fast", "gpu/exact", ","}) {
+    auto refused = test::run_dsv41("bench -m " + test::tiny_model_dir() +
+                                   " --scenario long-context --long-parts prefix-hit --long-hits '" + bad + "'");
+    EXPECT_NE(refused.status, 0) << bad;
+    EXPECT_NE(refused.out.find("--long-hits"), std::string::npos) << bad << ": " << refused.out;
+  }
 }
 
 // vision-encode dumps each stage of one image in the golden's files: the pixels and patches are the

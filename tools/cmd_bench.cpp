@@ -81,6 +81,30 @@ std::vector<int64_t> count_list(const Args& args, const std::string& flag, const
   return out;
 }
 
+// A tier of the prompt cache and the mode its entries are written in: one prefix-hit measurement.
+struct HitKind {
+  std::string tier;  // "ram" or "disk"
+  CacheMode mode;
+};
+
+// --long-hits: which tier/mode pairs the prefix-hit part measures (each pair is a prefill of the
+// cached history, so a large checkpoint can measure one pair per run).
+std::vector<HitKind> hit_list(const Args& args) {
+  std::vector<HitKind> out;
+  std::stringstream ls(args.get("--long-hits", "ram/exact,ram/replay,disk/exact,disk/replay"));
+  for (std::string item; std::getline(ls, item, ',');) {
+    const size_t slash = item.find('/');
+    const std::string tier = item.substr(0, slash);
+    const std::string mode = slash == std::string::npos ? "" : item.substr(slash + 1);
+    if ((tier != "ram" && tier != "disk") || (mode != "exact" && mode != "replay")) {
+      fail("--long-hits", "expects TIER/MODE pairs (ram or disk / exact or replay), got \"" + item + "\"");
+    }
+    out.push_back({tier, parse_cache_mode(mode)});
+  }
+  if (out.empty()) fail("--long-hits", "names no pair");
+  return out;
+}
+
 std::vector<int32_t> random_prompt(int64_t n, int64_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<int32_t> v(static_cast<size_t>(n));
@@ -347,7 +371,7 @@ nlohmann::json bench_gemm(const Backend& backend, const std::vector<int64_t>& ro
 // for its logits), so the stem is one token longer than `cached`, as an agent's previous turn (its
 // prompt and its answer) is longer than the history the next turn resends.
 nlohmann::json bench_prefix_hit(const std::string& dir, const std::shared_ptr<const Model>& m, int64_t cached,
-                                int64_t fresh) {
+                                int64_t fresh, const std::vector<HitKind>& kinds) {
   const std::vector<int32_t> prompt = random_prompt(cached + fresh, m->config().vocab_size, 3);
   const std::vector<int32_t> stem(prompt.begin(), prompt.begin() + std::min(cached + 1, cached + fresh));
   auto ttft = [&](Engine& e) {
@@ -361,30 +385,30 @@ nlohmann::json bench_prefix_hit(const std::string& dir, const std::shared_ptr<co
   }
   nlohmann::json out = nlohmann::json::array();
   const std::string folder = (std::filesystem::temp_directory_path() / ("dsv41-bench-" + std::to_string(getpid()))).string();
-  for (const char* tier : {"ram", "disk"}) {
-    for (CacheMode mode : {CacheMode::Exact, CacheMode::Replay}) {
-      std::filesystem::remove_all(folder);
-      EngineOptions eo = bench_engine(dir, m);
-      eo.cache_mode = mode;
-      eo.cache_ram_bytes = uint64_t{8} << 30;
-      const bool disk = std::string(tier) == "disk";
-      if (disk) eo.prompt_cache_dir = folder;
-      std::pair<double, int64_t> hit;
-      {
-        Engine writer(eo);
-        run_request(writer, bench_request(stem, 0));
-        if (!disk) hit = ttft(writer);
-      }
-      if (disk) {
-        Engine reader(eo);
-        hit = ttft(reader);
-      }
-      out.push_back({{"prompt_tokens", cached + fresh}, {"cached_tokens", hit.second},
-                     {"new_tokens", cached + fresh - hit.second}, {"tier", tier}, {"mode", cache_mode_name(mode)},
-                     {"ttft_s", hit.first}, {"cold_ttft_s", cold}, {"speedup", cold / hit.first}});
-      std::fprintf(stderr, "  prefix hit %s/%s, %lld cached: %.3f s vs cold %.3f s\n", tier, cache_mode_name(mode),
-                   static_cast<long long>(hit.second), hit.first, cold);
+  for (const HitKind& kind : kinds) {
+    const char* tier = kind.tier.c_str();
+    const CacheMode mode = kind.mode;
+    std::filesystem::remove_all(folder);
+    EngineOptions eo = bench_engine(dir, m);
+    eo.cache_mode = mode;
+    eo.cache_ram_bytes = uint64_t{8} << 30;
+    const bool disk = std::string(tier) == "disk";
+    if (disk) eo.prompt_cache_dir = folder;
+    std::pair<double, int64_t> hit;
+    {
+      Engine writer(eo);
+      run_request(writer, bench_request(stem, 0));
+      if (!disk) hit = ttft(writer);
     }
+    if (disk) {
+      Engine reader(eo);
+      hit = ttft(reader);
+    }
+    out.push_back({{"prompt_tokens", cached + fresh}, {"cached_tokens", hit.second},
+                   {"new_tokens", cached + fresh - hit.second}, {"tier", tier}, {"mode", cache_mode_name(mode)},
+                   {"ttft_s", hit.first}, {"cold_ttft_s", cold}, {"speedup", cold / hit.first}});
+    std::fprintf(stderr, "  prefix hit %s/%s, %lld cached: %.3f s vs cold %.3f s\n", tier, cache_mode_name(mode),
+                 static_cast<long long>(hit.second), hit.first, cold);
   }
   std::filesystem::remove_all(folder);
   return out;
@@ -396,6 +420,7 @@ struct LongContextPlan {
   std::vector<int64_t> prefill_lengths, decode_contexts;
   int64_t cached = 0, fresh = 0;
   int steps = 0;
+  std::vector<HitKind> hits;
   // The parts that run (--long-parts): on a large checkpoint the whole scenario is hours of prefill,
   // and each part's ratios (efficiency against the run's peak, decode against its shortest context,
   // a hit against its cold prefill) are whole within the part, so the parts can be separate runs.
@@ -416,7 +441,7 @@ nlohmann::json bench_long_context(const std::string& dir, const std::shared_ptr<
   nlohmann::json out = nlohmann::json::object();
   if (plan.prefill) out["prefill"] = bench_cold_prefill(dir, m, plan.prefill_lengths, lim);
   if (plan.decode) out["decode"] = bench_decode(dir, m, plan.decode_contexts, plan.steps, lim);
-  if (plan.prefix_hit) out["prefix_hit"] = bench_prefix_hit(dir, m, plan.cached, plan.fresh);
+  if (plan.prefix_hit) out["prefix_hit"] = bench_prefix_hit(dir, m, plan.cached, plan.fresh, plan.hits);
   return out;
 }
 
@@ -652,12 +677,14 @@ int run_bench(int argc, char** argv, MpiJob* job) {
         "  --long-new N           long-context prefix hit: new tokens after them (default 256)\n"
         "  --long-parts LIST      long-context parts to run: prefill, decode, prefix-hit (default all three; on a\n"
         "                         large checkpoint each part can be its own run)\n"
+        "  --long-hits LIST       the prefix hits measured, TIER/MODE pairs (default\n"
+        "                         ram/exact,ram/replay,disk/exact,disk/replay; each prefills the cached history once)\n"
         "  --ram SIZE             memory budget the model's load follows (default: the available RAM, or the memory\n"
         "                         cgroup's limit); the plan and the load time are in the report");
     return 0;
   }
   Args args("bench", argc, argv, {"--model", "--scenario", "--steps", "--io-threads", "--plot", "--lengths", "--gemm-rows",
-             "--long-prefill", "--long-decode", "--long-cached", "--long-new", "--long-parts", "--ram", "--image-sizes"}, {"--json", "--expert-parallel"},
+             "--long-prefill", "--long-decode", "--long-cached", "--long-new", "--long-parts", "--long-hits", "--ram", "--image-sizes"}, {"--json", "--expert-parallel"},
             {{"-m", "--model"}});
   const std::string dir = args.required("--model");
   const std::string scenarios = args.get("--scenario", "gemm,cold-prefill,prefix-hit,decode,concurrency");
@@ -673,6 +700,7 @@ int run_bench(int argc, char** argv, MpiJob* job) {
   long_plan.cached = args.get_int("--long-cached", 32768, 1, int64_t{1} << 24);
   long_plan.fresh = args.get_int("--long-new", 256, 1, int64_t{1} << 24);
   long_plan.steps = steps > 0 ? steps : 16;
+  long_plan.hits = hit_list(args);
   {
     std::stringstream parts(args.get("--long-parts", "prefill,decode,prefix-hit"));
     long_plan.prefill = long_plan.decode = long_plan.prefix_hit = false;
@@ -762,7 +790,7 @@ int run_bench(int argc, char** argv, MpiJob* job) {
     } else if (name == "prefix-hit") {
       need_model();
       const int64_t n = lengths.back();
-      report["prefix_hit"] = bench_prefix_hit(dir, model, n * 9 / 10, n - n * 9 / 10);
+      report["prefix_hit"] = bench_prefix_hit(dir, model, n * 9 / 10, n - n * 9 / 10, long_plan.hits);
     } else if (name == "concurrency") {
       need_model();
       report["concurrency"] = bench_concurrency(dir, model, {1, 2, 4, 8}, steps > 0 ? steps : 8);

@@ -4,10 +4,14 @@
 // prompt cache on, every turn restores the previous turn's prompt and prefills only what is new; the
 // cold server prefills the whole history. A resent turn whose last user message was edited hits the
 // cache up to the edit.
+//
+// DSV41_AGENT_MODEL=DIR runs the same transcript on another checkpoint (docs/state.md: the bench
+// checkpoint's run); by default it is the long preset, written by the test.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,6 +26,14 @@ namespace {
 constexpr int kTurns = 20;
 constexpr int kEditedTurn = 17;  // the turn that brings the transcript's last user message
 constexpr int64_t kBlock = 64;   // the prompt cache's block (PrefixCache: kTokensPerPage)
+
+const std::string& agent_model_dir() {
+  static const std::string dir = [] {
+    const char* chosen = std::getenv("DSV41_AGENT_MODEL");
+    return chosen != nullptr && *chosen != '\0' ? std::string(chosen) : test::long_model_dir();
+  }();
+  return dir;
+}
 
 // Where the cache stores a prompt of n tokens: its last whole block short of the last token.
 int64_t store_boundary(int64_t n) { return (n - 1) / kBlock * kBlock; }
@@ -103,7 +115,7 @@ TurnResult run_turn(int port, const json& messages) {
 }
 
 TEST(ServerAgent, TwentyToolTurnsHitThePromptCacheAndAnEditHitsItUpToTheEdit) {
-  ServeProcess cached(test::long_model_dir(), "--parallel 1 --cache-mode exact --cache-ram-mb 1024 --kv-budget-mb 2048");
+  ServeProcess cached(agent_model_dir(), "--parallel 1 --cache-mode exact --cache-ram-mb 1024 --kv-budget-mb 2048");
   ASSERT_GT(cached.port(), 0) << cached.first_line();
 
   // The transcript, one message list per turn (each extends the one before).
@@ -174,7 +186,7 @@ TEST(ServerAgent, TwentyToolTurnsHitThePromptCacheAndAnEditHitsItUpToTheEdit) {
 
   // The same turns with no prompt cache: the whole history prefilled (sampled turns, since each cold
   // turn costs its whole history). Exact mode restores bit-identically, so the greedy answers agree.
-  ServeProcess cold(test::long_model_dir(), "--parallel 1 --cache-ram-mb 0 --kv-budget-mb 2048");
+  ServeProcess cold(agent_model_dir(), "--parallel 1 --cache-ram-mb 0 --kv-budget-mb 2048");
   ASSERT_GT(cold.port(), 0) << cold.first_line();
   std::printf("[agent] turn  prompt  cached  ttft cached s  ttft cold s\n");
   for (int t = 0; t < kTurns; ++t) {

@@ -392,7 +392,7 @@ nlohmann::json bench_prefix_hit(const std::string& dir, const std::shared_ptr<co
     EngineOptions eo = bench_engine(dir, m);
     eo.cache_mode = mode;
     eo.cache_ram_bytes = uint64_t{8} << 30;
-    const bool disk = std::string(tier) == "disk";
+    const bool disk = kind.tier == "disk";
     if (disk) eo.prompt_cache_dir = folder;
     std::pair<double, int64_t> hit;
     {

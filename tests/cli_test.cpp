@@ -544,6 +544,15 @@ TEST(CliBench, LongContextReportsTheAgentsShape) {
   EXPECT_NE(text.find("ms per token"), std::string::npos);
   EXPECT_NE(text.find("decode floor"), std::string::npos);
 
+  // the saved report redraws the run's own plot, byte for byte (--from-report measures nothing)
+  {
+    std::ofstream(dir / "lc.json") << r.out.substr(r.out.find("{\n"));
+  }
+  auto redrawn = test::run_dsv41("bench --from-report " + (dir / "lc.json") + " --plot " + (dir / "again.svg"));
+  ASSERT_EQ(redrawn.status, 0) << redrawn.out;
+  std::ifstream again(dir / "again.svg");
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(again)), {}), text);
+
   auto short_model = test::run_dsv41("bench -m " + test::tiny_model_dir() + " --scenario long-context");
   EXPECT_NE(short_model.status, 0);
   EXPECT_NE(short_model.out.find("needs 33024 positions but the model has 4096"), std::string::npos) << short_model.out;
@@ -581,6 +590,65 @@ TEST(CliBench, LongContextReportsTheAgentsShape) {
     EXPECT_NE(refused.status, 0) << bad;
     EXPECT_NE(refused.out.find("--long-hits"), std::string::npos) << bad << ": " << refused.out;
   }
+}
+
+// A report's plot, drawn from a saved report with known figures: every measured point marked on its
+// line, ticks labelled where the axes cross 1, 2 and 5 times a power of ten, the decode floor at
+// active bytes over bandwidth (1e8 B / 1e10 B/s = 10 ms). What cannot be plotted is refused, naming
+// the flag or the file, and a scenario with nothing to plot is refused before anything is measured.
+TEST(CliBench, PlotFromASavedReport) {
+  test::TempDir dir;
+  nlohmann::json report = {{"machine", {{"bandwidth_gbs", 10.0}}}, {"long_context", nlohmann::json::object()}};
+  for (int64_t n : {2048, 8192, 32768}) {
+    report["long_context"]["prefill"].push_back({{"prompt_tokens", n}, {"mode", "exact"}, {"tok_s", 40.0}});
+    report["long_context"]["prefill"].push_back({{"prompt_tokens", n}, {"mode", "tail"}, {"tok_s", 50.0}});
+  }
+  for (int64_t c : {1024, 8192, 32768}) {
+    report["long_context"]["decode"].push_back({{"context", c}, {"tok_s", 5.0}, {"active_bytes_per_token", 1e8}});
+  }
+  std::ofstream(dir / "report.json") << report.dump(2);
+  auto r = test::run_dsv41("bench --from-report " + (dir / "report.json") + " --plot " + (dir / "p.svg"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  std::ifstream svg(dir / "p.svg");
+  const std::string text((std::istreambuf_iterator<char>(svg)), {});
+  auto count = [&](const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("<polyline"), 3u) << text;
+  EXPECT_EQ(count("<circle"), 9u) << text;
+  // x spans 1024 / 1.5 to 32768 * 1.5: ticks at 1k, 2k, 5k, 10k, 20k; y spans 10 / 3 to 200 * 3 ms
+  for (const char* tick : {">1k<", ">2k<", ">5k<", ">10k<", ">20k<", ">10<", ">100<"}) {
+    EXPECT_EQ(count(tick), 1u) << tick << "\n" << text;
+  }
+  EXPECT_EQ(count(">50k<"), 0u) << text;
+  EXPECT_NE(text.find("decode floor"), std::string::npos) << text;
+
+  const std::string svg_out = " --plot " + (dir / "bad.svg");
+  report["long_context"]["decode"][1]["tok_s"] = 0.0;
+  std::ofstream(dir / "zero.json") << report.dump();
+  std::ofstream(dir / "text.json") << "measured: 5 tok/s";
+  std::ofstream(dir / "other.json") << R"({"machine": {"cores": 2}})";
+  const std::pair<std::string, std::string> refused[] = {
+      {"bench --from-report " + (dir / "report.json"), "--plot"},
+      {"bench --from-report " + (dir / "report.json") + " -m /nowhere" + svg_out, "takes no --model"},
+      {"bench --from-report " + (dir / "missing.json") + svg_out, "missing.json"},
+      {"bench --from-report " + (dir / "text.json") + svg_out, "text.json: is not valid JSON"},
+      {"bench --from-report " + (dir / "other.json") + svg_out, "other.json: is not a report of bench --json"},
+      {"bench --from-report " + (dir / "zero.json") + svg_out, "cannot place the point"},
+      {"bench --from-report " + (dir / "report.json") + " --plot " + (dir / "no/such/folder/p.svg"), "no/such/folder"},
+      {"bench -m " + test::tiny_model_dir() + " --scenario long-context --long-parts prefix-hit" + svg_out,
+       "--plot: draws prefill and decode"},
+      {"bench -m " + test::tiny_model_dir() + " --scenario gemm" + svg_out, "--plot: draws prefill and decode"},
+  };
+  for (const auto& [command, named] : refused) {
+    auto bad = test::run_dsv41(command);
+    EXPECT_NE(bad.status, 0) << command;
+    EXPECT_NE(bad.out.find(named), std::string::npos) << command << ": " << bad.out;
+    EXPECT_EQ(bad.out.find("measuring the machine"), std::string::npos) << command << ": refused after measuring";
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "bad.svg"));
 }
 
 // vision-encode dumps each stage of one image in the golden's files: the pixels and patches are the

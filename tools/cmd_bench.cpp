@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include "expert_parallel.h"
 #include "io/config.h"
 #include "io/safetensors.h"
+#include "io/safetensors_writer.h"
 #include "bench_limits.h"
 #include "machine_peaks.h"
 #include "backend_env.h"
@@ -568,31 +570,75 @@ struct PlotSeries {
   std::vector<std::pair<double, double>> points;
 };
 
-// Lines on log-log axes, with an optional horizontal limit line (a roofline or a floor).
+// Where a log axis from lo to hi gets labelled ticks: 1, 2 and 5 times the powers of ten inside it,
+// or only the powers when those are too many to read.
+std::vector<double> log_ticks(double lo, double hi) {
+  std::vector<double> all, decades;
+  for (int k = static_cast<int>(std::floor(std::log10(lo))); k <= static_cast<int>(std::ceil(std::log10(hi))); ++k) {
+    for (double m : {1.0, 2.0, 5.0}) {
+      const double v = m * std::pow(10.0, k);
+      if (v < lo || v > hi) continue;
+      all.push_back(v);
+      if (m == 1.0) decades.push_back(v);
+    }
+  }
+  return all.size() > 10 && decades.size() >= 2 ? decades : all;
+}
+
+// A tick's label: 0.5, 20, 5k, 2M.
+std::string tick_label(double v) {
+  char text[32];
+  if (v >= 1e6) {
+    std::snprintf(text, sizeof text, "%gM", v / 1e6);
+  } else if (v >= 1e3) {
+    std::snprintf(text, sizeof text, "%gk", v / 1e3);
+  } else {
+    std::snprintf(text, sizeof text, "%g", v);
+  }
+  return text;
+}
+
+// Lines on log-log axes, each measured point marked, with labelled ticks and an optional horizontal
+// limit line (a roofline or a floor). Written atomically, so a failed write leaves no partial plot.
 void write_svg(const std::string& path, const std::vector<PlotSeries>& series, const std::string& y_label,
                double limit, const std::string& limit_label) {
   const double W = 720, H = 420, L = 70, R = 20, T = 30, B = 50;
   double xmin = 1e300, xmax = 0, ymin = 1e300, ymax = 0;
   for (const PlotSeries& s : series)
     for (auto& [x, y] : s.points) {
+      if (!(std::isfinite(x) && std::isfinite(y) && x > 0 && y > 0)) {
+        fail(path, "cannot place the point (" + std::to_string(x) + ", " + std::to_string(y) + ") of \"" + s.label +
+                       "\" on log axes");
+      }
       xmin = std::min(xmin, x), xmax = std::max(xmax, x), ymin = std::min(ymin, y), ymax = std::max(ymax, y);
     }
   if (limit > 0) ymax = std::max(ymax, limit), ymin = std::min(ymin, limit);
-  if (xmax <= 0) return;
+  if (xmax <= 0) fail(path, "the report has no measured series to plot");
   xmin /= 1.5, xmax *= 1.5, ymin /= 3, ymax *= 3;
   auto px = [&](double x) { return L + (std::log(x) - std::log(xmin)) / (std::log(xmax) - std::log(xmin)) * (W - L - R); };
   auto py = [&](double y) { return H - B - (std::log(y) - std::log(ymin)) / (std::log(ymax) - std::log(ymin)) * (H - T - B); };
-  std::ofstream f(path);
+  std::ostringstream f;
   f << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H << "' font-family='sans-serif' font-size='12'>\n";
   f << "<rect width='100%' height='100%' fill='white'/><line x1='" << L << "' y1='" << H - B << "' x2='" << W - R << "' y2='" << H - B
     << "' stroke='black'/><line x1='" << L << "' y1='" << T << "' x2='" << L << "' y2='" << H - B << "' stroke='black'/>\n";
+  for (double x : log_ticks(xmin, xmax)) {
+    f << "<line x1='" << px(x) << "' y1='" << H - B << "' x2='" << px(x) << "' y2='" << T << "' stroke='#ddd'/><text x='" << px(x)
+      << "' y='" << H - B + 15 << "' text-anchor='middle'>" << tick_label(x) << "</text>\n";
+  }
+  for (double y : log_ticks(ymin, ymax)) {
+    f << "<line x1='" << L << "' y1='" << py(y) << "' x2='" << W - R << "' y2='" << py(y) << "' stroke='#ddd'/><text x='" << L - 5
+      << "' y='" << py(y) + 4 << "' text-anchor='end'>" << tick_label(y) << "</text>\n";
+  }
   f << "<text x='" << W / 2 << "' y='" << H - 12 << "' text-anchor='middle'>tokens (context or prompt length, log)</text>\n";
   f << "<text x='16' y='" << H / 2 << "' transform='rotate(-90 16 " << H / 2 << ")' text-anchor='middle'>" << y_label << "</text>\n";
   const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c"};
   for (size_t i = 0; i < series.size(); ++i) {
-    f << "<polyline fill='none' stroke='" << colors[i % 3] << "' stroke-width='2' points='";
+    const char* color = colors[i % 3];
+    f << "<polyline fill='none' stroke='" << color << "' stroke-width='2' points='";
     for (auto& [x, y] : series[i].points) f << px(x) << "," << py(y) << " ";
-    f << "'/>\n<text x='" << L + 10 << "' y='" << T + 14 * static_cast<double>(i + 1) << "' fill='" << colors[i % 3] << "'>"
+    f << "'/>\n";
+    for (auto& [x, y] : series[i].points) f << "<circle cx='" << px(x) << "' cy='" << py(y) << "' r='3' fill='" << color << "'/>";
+    f << "\n<text x='" << L + 10 << "' y='" << T + 14 * static_cast<double>(i + 1) << "' fill='" << color << "'>"
       << series[i].label << "</text>\n";
   }
   if (limit > 0) {
@@ -601,6 +647,8 @@ void write_svg(const std::string& path, const std::vector<PlotSeries>& series, c
       << "' text-anchor='end' fill='#1f77b4'>" << limit_label << "</text>\n";
   }
   f << "</svg>\n";
+  const std::string text = f.str();
+  write_file_atomic(path, text.data(), text.size());
 }
 
 // Prefill's and decode's series from scenario results, each point mapped by `y` (tok/s or its cost).
@@ -609,13 +657,13 @@ std::vector<PlotSeries> rate_series(const nlohmann::json& prefill, const nlohman
   std::vector<PlotSeries> series;
   if (!decode.is_null()) {
     PlotSeries d{"decode " + what + " vs context", {}};
-    for (const auto& r : decode) d.points.push_back({r["context"].get<double>(), y(r["tok_s"].get<double>())});
+    for (const auto& r : decode) d.points.push_back({r.at("context").get<double>(), y(r.at("tok_s").get<double>())});
     series.push_back(d);
   }
   if (!prefill.is_null()) {
     PlotSeries exact{"prefill " + what + " vs prompt (exact)", {}}, tail{"prefill " + what + " vs prompt (tail)", {}};
     for (const auto& r : prefill) {
-      (r["mode"] == "exact" ? exact : tail).points.push_back({r["prompt_tokens"].get<double>(), y(r["tok_s"].get<double>())});
+      (r.at("mode") == "exact" ? exact : tail).points.push_back({r.at("prompt_tokens").get<double>(), y(r.at("tok_s").get<double>())});
     }
     series.push_back(exact);
     series.push_back(tail);
@@ -625,23 +673,22 @@ std::vector<PlotSeries> rate_series(const nlohmann::json& prefill, const nlohman
 
 // The long-context scenario's plot is cost per token (ms) against context, with decode's floor
 // (active bytes per token over the measured bandwidth); otherwise tok/s with decode's roofline.
+// `r` is a report as --json prints it, this run's or one read back (--from-report).
 void write_plot(const std::string& path, const nlohmann::json& r) {
-  const double bandwidth = r["machine"]["bandwidth_gbs"].get<double>() * 1e9;
+  const double bandwidth = r.at("machine").at("bandwidth_gbs").get<double>() * 1e9;
+  const nlohmann::json none;
+  const nlohmann::json& scope = r.contains("long_context") ? r.at("long_context") : r;
+  const nlohmann::json& decode = scope.contains("decode") ? scope.at("decode") : none;
+  const double active = decode.is_null() || decode.empty() ? 0 : decode.at(0).at("active_bytes_per_token").get<double>();
   if (r.contains("long_context")) {
-    const nlohmann::json& lc = r["long_context"];
-    const nlohmann::json none;
-    const nlohmann::json& prefill = lc.contains("prefill") ? lc["prefill"] : none;
-    const nlohmann::json& decode = lc.contains("decode") ? lc["decode"] : none;
-    const double floor_ms = decode.is_null() || decode.empty() ? 0 : 1e3 * decode[0]["active_bytes_per_token"].get<double>() / bandwidth;
-    write_svg(path, rate_series(prefill, decode, [](double tok_s) { return 1e3 / tok_s; }, "ms/token"),
-              "ms per token (log)", floor_ms, "decode floor: active bytes per token / measured bandwidth");
+    write_svg(path, rate_series(scope.contains("prefill") ? scope.at("prefill") : none, decode,
+                                [](double tok_s) { return 1e3 / tok_s; }, "ms/token"),
+              "ms per token (log)", 1e3 * active / bandwidth, "decode floor: active bytes per token / measured bandwidth");
     return;
   }
-  const nlohmann::json none;
-  const nlohmann::json& decode = r.contains("decode") ? r["decode"] : none;
-  const double roof = decode.is_null() || decode.empty() ? 0 : bandwidth / decode[0]["active_bytes_per_token"].get<double>();
-  write_svg(path, rate_series(r.contains("cold_prefill") ? r["cold_prefill"] : none, decode, [](double tok_s) { return tok_s; }, "tok/s"),
-            "tokens/s (log)", roof, "decode roofline: measured bandwidth / active bytes per token");
+  write_svg(path, rate_series(r.contains("cold_prefill") ? r.at("cold_prefill") : none, decode,
+                              [](double tok_s) { return tok_s; }, "tok/s"),
+            "tokens/s (log)", active > 0 ? bandwidth / active : 0, "decode roofline: measured bandwidth / active bytes per token");
 }
 
 }  // namespace
@@ -649,7 +696,8 @@ void write_plot(const std::string& path, const nlohmann::json& r) {
 int run_bench(int argc, char** argv, MpiJob* job) {
   if (wants_help(argc, argv)) {
     std::puts(
-        "usage: dsv41 bench -m DIR [--scenario LIST] [--json] [--plot FILE.svg] [--steps N]\n\n"
+        "usage: dsv41 bench -m DIR [--scenario LIST] [--json] [--plot FILE.svg] [--steps N]\n"
+        "       dsv41 bench --from-report REPORT.json --plot FILE.svg\n\n"
         "scenarios (comma-separated; default gemm,cold-prefill,prefix-hit,decode,concurrency):\n"
         "  gemm          the FP8 and FP4 GEMM kernels at the released checkpoint's shapes, several row counts\n"
         "  cold-prefill  prompt tokens/s at several prompt lengths, exact and tail mode\n"
@@ -679,13 +727,28 @@ int run_bench(int argc, char** argv, MpiJob* job) {
         "                         large checkpoint each part can be its own run)\n"
         "  --long-hits LIST       the prefix hits measured, TIER/MODE pairs (default\n"
         "                         ram/exact,ram/replay,disk/exact,disk/replay; each prefills the cached history once)\n"
+        "  --from-report FILE     with --plot, draws the plot of a saved --json report (FILE) and measures nothing\n"
         "  --ram SIZE             memory budget the model's load follows (default: the available RAM, or the memory\n"
         "                         cgroup's limit); the plan and the load time are in the report");
     return 0;
   }
   Args args("bench", argc, argv, {"--model", "--scenario", "--steps", "--io-threads", "--plot", "--lengths", "--gemm-rows",
-             "--long-prefill", "--long-decode", "--long-cached", "--long-new", "--long-parts", "--long-hits", "--ram", "--image-sizes"}, {"--json", "--expert-parallel"},
+             "--long-prefill", "--long-decode", "--long-cached", "--long-new", "--long-parts", "--long-hits", "--ram", "--image-sizes", "--from-report"}, {"--json", "--expert-parallel"},
             {{"-m", "--model"}});
+  // --from-report draws the plot of a saved `--json` report and measures nothing: a run on a large
+  // checkpoint is hours, and its plot can be redrawn without repeating it.
+  if (args.has("--from-report")) {
+    const std::string saved = args.get("--from-report");
+    if (!args.has("--plot")) fail("--from-report", "draws a saved report's plot: name the file with --plot FILE.svg");
+    if (args.has("--model")) fail("--from-report", "measures nothing, so it takes no --model");
+    const nlohmann::json report = read_json_file(saved);
+    try {
+      write_plot(args.get("--plot"), report);
+    } catch (const nlohmann::json::exception& e) {
+      fail(saved, std::string("is not a report of bench --json: ") + e.what());
+    }
+    return 0;
+  }
   const std::string dir = args.required("--model");
   const std::string scenarios = args.get("--scenario", "gemm,cold-prefill,prefix-hit,decode,concurrency");
   const int steps = static_cast<int>(args.get_int("--steps", 0, 1, 10000000));
@@ -728,6 +791,16 @@ int run_bench(int argc, char** argv, MpiJob* job) {
                                "vision)");
       }
       names.push_back(name);
+    }
+  }
+  // The plot is drawn from the report's prefill and decode; refused before an hour of measuring
+  // rather than after it.
+  if (args.has("--plot")) {
+    auto named = [&](const char* n) { return std::find(names.begin(), names.end(), n) != names.end(); };
+    const bool plottable = named("long-context") ? long_plan.prefill || long_plan.decode : named("cold-prefill") || named("decode");
+    if (!plottable) {
+      fail("--plot", "draws prefill and decode: run the cold-prefill or decode scenario, or long-context with its prefill "
+                     "or decode part");
     }
   }
   nlohmann::json report;
@@ -807,10 +880,15 @@ int run_bench(int argc, char** argv, MpiJob* job) {
     std::fprintf(stderr, "expert-parallel...\n");
     report["expert_parallel"] = bench_expert_parallel(dir, model, *peers, lengths.back(), steps > 0 ? steps : 8);
   }
-  if (args.has("--plot")) write_plot(args.get("--plot"), report);
+  // The report is printed before the plot is written, so a plot that cannot be written loses no measurement.
+  auto finish = [&] {
+    if (args.has("--plot")) write_plot(args.get("--plot"), report);
+    return 0;
+  };
   if (args.has("--json")) {
     std::printf("%s\n", report.dump(2).c_str());
-    return 0;
+    std::fflush(stdout);
+    return finish();
   }
   std::printf("machine: %.1f GB/s streaming read, %d cores, kernels at level %s\n  register-only peaks (GFLOP/s, all cores / one core):",
               lim.bandwidth_gbs, report["machine"]["cores"].get<int>(), report["machine"]["isa"].get<std::string>().c_str());
@@ -899,7 +977,8 @@ int run_bench(int argc, char** argv, MpiJob* job) {
                   r["rows_per_step"].get<int>());
     }
   }
-  return 0;
+  std::fflush(stdout);
+  return finish();
 }
 
 }  // namespace dsv41::cli

@@ -4,10 +4,12 @@
 // aliases, /tokenize and /detokenize, and escaped request logging.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <future>
 #include <string>
 
 #include "server/access_policy.h"
+#include "server/json_body.h"
 #include "server/openai_api.h"
 #include "server_util.h"
 #include "test_util.h"
@@ -163,6 +165,69 @@ TEST(AccessPolicy, NumbersOutOfRangeAre400) {
       EXPECT_EQ(e.message.find("400"), std::string::npos) << e.message;
     }
   }
+}
+
+// The linear-time parser builds what nlohmann's own (quadratic) ordered parser builds: key order,
+// duplicate keys (first place, last value), every kind of value.
+TEST(JsonBody, BuildsWhatNlohmannsOrderedParserBuilds) {
+  for (const char* text : {R"({"b":1,"a":[true,false,null],"c":{"z":"\u00e9\n","y":-0.5e3}})",
+                           R"({"a":1,"b":2,"a":{"x":[1,{"a":3,"a":4}]}})", R"([1,[2,[3,{}]],[]])", R"("x")", "18446744073709551615",
+                           R"({"k":-9223372036854775808,"f":1.5,"e":1e308})"}) {
+    nlohmann::ordered_json mine;
+    JsonBodyError error;
+    ASSERT_TRUE(parse_json_limited(text, JsonLimits{}, mine, error)) << text << ": " << error.detail;
+    EXPECT_EQ(mine.dump(), nlohmann::ordered_json::parse(text).dump()) << text;
+  }
+  for (const char* text : {"{", R"({"a":1,})", R"({"a":1} x)", "\"\xff\"", ""}) {
+    nlohmann::ordered_json mine;
+    JsonBodyError error;
+    EXPECT_FALSE(parse_json_limited(text, JsonLimits{}, mine, error)) << text;
+    EXPECT_EQ(error.kind, JsonBodyError::Kind::Syntax) << text;
+    EXPECT_TRUE(mine.is_null());
+  }
+}
+
+// One object of 200,000 keys parses in well under a second (nlohmann's ordered parser, whose insert is
+// a linear search, took about a minute), and the limits stop a body the moment it crosses them.
+TEST(JsonBody, LinearInMembersAndBoundedInMembersAndDepth) {
+  std::string wide = "{";
+  for (int i = 0; i < 200000; ++i) wide += (i ? ",\"" : "\"") + std::to_string(i) + "\":0";
+  wide += "}";
+  nlohmann::ordered_json v;
+  JsonBodyError error;
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(parse_json_limited(wide, JsonLimits{128, 1000000}, v, error)) << error.detail;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(v.size(), 200000u);
+  EXPECT_EQ(v.begin().key(), "0");
+  EXPECT_EQ((--v.end()).key(), "199999");
+  EXPECT_LT(secs, test::kSanitized ? 10.0 : 2.0);
+
+  EXPECT_FALSE(parse_json_limited(wide, JsonLimits{128, 199999}, v, error));
+  EXPECT_EQ(error.kind, JsonBodyError::Kind::TooManyMembers);
+  EXPECT_NE(error.detail.find("199999"), std::string::npos) << error.detail;
+  EXPECT_TRUE(parse_json_limited(wide, JsonLimits{128, 200000}, v, error)) << "the limit itself is allowed";
+
+  const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
+  EXPECT_FALSE(parse_json_limited(deep, JsonLimits{}, v, error));
+  EXPECT_EQ(error.kind, JsonBodyError::Kind::TooDeep);
+  EXPECT_TRUE(parse_json_limited(std::string(128, '[') + std::string(128, ']'), JsonLimits{}, v, error));
+  EXPECT_FALSE(parse_json_limited(std::string(129, '[') + std::string(129, ']'), JsonLimits{}, v, error));
+
+  // A request body: 400 naming the limit, and repeated keys do not count twice.
+  std::string many = R"({"prompt":"x","junk":{)";
+  for (int i = 0; i <= static_cast<int>(kMaxJsonMembers); ++i) many += (i ? ",\"" : "\"") + std::to_string(i) + "\":0";
+  many += "}}";
+  try {
+    parse_json_body(many);
+    ADD_FAILURE() << "accepted an object of " << kMaxJsonMembers + 1 << " members";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_NE(e.message.find("more than 10000 members"), std::string::npos) << e.message;
+  }
+  std::string repeated = R"({"prompt":"x")";
+  for (int i = 0; i < 20000; ++i) repeated += R"(,"prompt":"y")";
+  EXPECT_EQ(parse_json_body(repeated + "}")["prompt"], "y");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -105,11 +105,10 @@ TEST(ServerApi, MalformedJsonIs400) {
   expect_error([] { parse_request(Endpoint::Completions, "\"text\"", tiny_info()); }, 400, "");
 }
 
-TEST(ServerApi, DeeplyNestedBodyIsRefusedBeforeParsing) {
-  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
-  EXPECT_EQ(json_depth(deep), 100000);
-  EXPECT_EQ(json_depth(R"({"a": "[[[[", "b": [1, {"c": "\"]"}]})"), 3);
-  expect_error([&] { parse_request(Endpoint::ChatCompletions, deep, tiny_info()); }, 400, "");
+TEST(ServerApi, DeeplyNestedBodyIsRefused) {
+  const std::string deep = "{\"a\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  const ApiError e = expect_error([&] { parse_request(Endpoint::ChatCompletions, deep, tiny_info()); }, 400, "");
+  EXPECT_NE(e.message.find("deeper than 128"), std::string::npos) << e.message;
 }
 
 TEST(ServerApi, WrongTypesNameTheField) {

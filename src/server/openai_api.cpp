@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "server/access_policy.h"
+#include "server/json_body.h"
 #include "server/json_fields.h"
 #include "util/error.h"
 
@@ -28,9 +29,6 @@ std::string check_model(const ojson& body, const ModelInfo& model) {
   return name;
 }
 
-// A request body as a JSON object. Every way the text can fail to be one is a 400 that does not echo
-// the body back: a syntax error (with its position), a number beyond double range (1e309), a
-// nesting deeper than kMaxJsonDepth (checked before parsing, so the parser's stack stays bounded).
 void parse_common(const ojson& body, ApiRequest& req) {
   if (const ojson* n = field(body, "n")) {
     if (require_integer(*n, "n") != 1) throw invalid_request("n", "n must be 1: one choice per request is supported");
@@ -260,42 +258,20 @@ void parse_sequence_options(const ojson& body, const ModelInfo& model, ApiReques
 
 }  // namespace
 
-int json_depth(std::string_view text) {
-  int depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return deepest;
-}
-
 ojson parse_json_body(std::string_view text) {
-  if (json_depth(text) > kMaxJsonDepth) {
-    throw invalid_request("", "the JSON body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-  }
   ojson body;
-  try {
-    body = ojson::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw invalid_request("", std::string("We could not parse the JSON body of your request: ") + e.what());
-  } catch (const nlohmann::json::out_of_range&) {
-    throw invalid_request("", "the JSON body holds a number outside the range of a double");
-  } catch (const nlohmann::json::exception&) {
-    throw invalid_request("", "We could not parse the JSON body of your request");
+  JsonBodyError error;
+  if (!parse_json_limited(text, JsonLimits{kMaxJsonDepth, kMaxJsonMembers}, body, error)) {
+    switch (error.kind) {
+      case JsonBodyError::Kind::NumberOutOfRange:
+        throw invalid_request("", "the JSON body holds a number outside the range of a double");
+      case JsonBodyError::Kind::TooDeep:
+      case JsonBodyError::Kind::TooManyMembers:
+        throw invalid_request("", error.detail);
+      case JsonBodyError::Kind::Syntax:
+        break;
+    }
+    throw invalid_request("", "We could not parse the JSON body of your request: " + error.detail);
   }
   if (!body.is_object()) throw invalid_request("", "the request body must be a JSON object, got " + kind(body));
   return body;

@@ -59,7 +59,8 @@ struct ModelInfo {
 
 inline constexpr int kMaxTopLogprobs = 20;
 inline constexpr size_t kMaxStopSequences = 16;
-inline constexpr int kMaxJsonDepth = 128;  // deeper bodies are refused before parsing
+inline constexpr size_t kMaxJsonDepth = 128;     // deeper bodies are refused as the parser reaches the limit
+inline constexpr size_t kMaxJsonMembers = 10000;  // so are objects of more members
 
 struct ApiRequest {
   Endpoint endpoint = Endpoint::ChatCompletions;
@@ -78,8 +79,10 @@ struct ApiRequest {
 // Parses and validates a request body. Throws ApiError (400, or 404 for an unknown model).
 ApiRequest parse_request(Endpoint endpoint, std::string_view body, const ModelInfo& model);
 ApiRequest parse_request_json(Endpoint endpoint, const nlohmann::ordered_json& body, const ModelInfo& model);
-// The body as JSON with the client's key order kept, or a 400: not JSON, not an object, nested past
-// kMaxJsonDepth, or holding a number outside a double's range.
+// The body as JSON with the client's key order kept, parsed in linear time (server/json_body.h), or a
+// 400 that does not echo the body back: not JSON (with the error's position), not an object, nested
+// past kMaxJsonDepth, an object of more than kMaxJsonMembers members, or a number outside a double's
+// range (1e309).
 nlohmann::ordered_json parse_json_body(std::string_view body);
 
 // vLLM's /tokenize: {"prompt": TEXT, "add_special_tokens": true} (BOS first, as a completions
@@ -88,9 +91,5 @@ nlohmann::ordered_json parse_json_body(std::string_view body);
 nlohmann::json tokenize(std::string_view body, const ModelInfo& model);
 // vLLM's /detokenize: {"tokens": [ids]} answers {"prompt": TEXT}. Throws ApiError for bad input.
 nlohmann::json detokenize(std::string_view body, const ModelInfo& model);
-
-// Nesting depth of a JSON text (brackets outside strings); cheap, and run before the real parser so
-// that a body of a million '[' cannot exhaust the stack of code that walks the parsed value.
-int json_depth(std::string_view text);
 
 }  // namespace dsv41::server

@@ -187,7 +187,17 @@ inline std::string exchange(int port, const std::string& bytes, bool* closed, bo
 // A connected socket the test writes to at its own pace.
 class RawClient {
  public:
-  explicit RawClient(int port) : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+  // `from`: the loopback address to connect from (127.0.0.2, ...), so a test can be several clients.
+  // `receive_buffer` > 0: the socket's receive buffer, set before connecting (a client that reads
+  // nothing then holds only that much of what the server sends).
+  explicit RawClient(int port, const char* from = nullptr, int receive_buffer = 0) : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+    if (receive_buffer > 0) setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof receive_buffer);
+    if (from != nullptr) {
+      sockaddr_in local{};
+      local.sin_family = AF_INET;
+      inet_pton(AF_INET, from, &local.sin_addr);
+      if (bind(fd_, reinterpret_cast<sockaddr*>(&local), sizeof local) != 0) return;
+    }
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(static_cast<uint16_t>(port));

@@ -14,6 +14,7 @@
 #include "backend_env.h"
 #include "cli.h"
 #include "commands.h"
+#include "descriptor_limit.h"
 #include "expert_parallel.h"
 #include "io/engram_store.h"
 #include "runtime/engine.h"
@@ -23,6 +24,7 @@
 #include "transfer/prefill_link.h"
 #include "server/access_policy.h"
 #include "server/http_server.h"
+#include "server/line_log.h"
 #include "util/error.h"
 
 namespace dsv41::cli {
@@ -51,8 +53,18 @@ constexpr const char* kHelp = R"(usage: dsv41 serve -m DIR [options]
                              confidence head); a request's "draft_length" overrides it
       --threads N            workers that parse and tokenize request bodies (default 4); every socket is
                              served by one I/O thread, so slow clients hold no thread
-      --max-connections N    open connections at most; more are answered 503 (default 1024)
-      --request-timeout S    a request still running after S seconds ends with 504 (default: none)
+      --max-connections N    open connections at most; more are answered 503 (default 1024, lowered to
+                             what the file-descriptor limit leaves; the soft limit is raised to the hard one)
+      --max-client-connections N
+                             open connections from one client address at most (default 256); past either
+                             cap 8 more connections may open for GET /health and /metrics only
+      --bodies-in-flight-mb N
+                             request bodies being read or parsed, all clients together; a body that does not
+                             fit is answered 503 before it is read (default 128)
+      --request-timeout S    a request still running S seconds after it arrived ends with 504 (default: none)
+      --shutdown-grace S     on SIGTERM or SIGINT, requests in flight get their 503 (streams an error event and
+                             [DONE]) for up to S seconds before their connections close (default 10)
+      --stall-timeout S      /health answers 503 while one engine step has run longer than S (default 120)
       --header-timeout S     deadline for a whole request head, keep-alive idling included (default 30)
       --body-timeout S       deadline for a whole request body (default 60)
       --thinking on|off      chat template default when a request does not say (default on)
@@ -74,7 +86,8 @@ constexpr const char* kHelp = R"(usage: dsv41 serve -m DIR [options]
                              bounds one handover (default 600)
       --cors-origins LIST    comma-separated origins web pages may call from ("*": any); default none,
                              and a request with an Origin header not listed is refused (403)
-      --log-requests         one line per request on stderr
+      --log-requests         one line per request on stderr (lines are dropped, and counted in /metrics,
+                             while stderr is a pipe nobody reads)
       --test-hooks           accept "dsv41_forced_output": TEXT in requests, emitted as if generated (tests)
 
 Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (each with
@@ -142,12 +155,16 @@ int run_serve(int argc, char** argv, MpiJob* job) {
              "--cache-ram-mb", "--prefill-chunk", "--engram", "--ram", "--threads", "--thinking", "--default-max-tokens",
              "--served-model-name", "--api-key", "--api-key-file", "--cors-origins", "--max-connections", "--prompt-cache-disk-mb",
              "--request-timeout", "--header-timeout", "--body-timeout", "--speculative", "--draft-length",
+             "--max-client-connections", "--bodies-in-flight-mb", "--shutdown-grace", "--stall-timeout",
              "--role", "--prefill-peer", "--handover", "--handover-listen", "--handover-timeout", "--max-images",
              "--max-image-pixels"},
             {"--log-requests", "--test-hooks", "--expert-parallel"}, {{"-m", "--model"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
 
+  // stderr may be a pipe that nobody reads: the scheduler's and the I/O thread's lines drop, never block
+  auto log = std::make_shared<server::LineLog>(2);
   EngineOptions eo;
+  eo.log = [log](const std::string& line) { log->write("dsv41 engine: " + line); };
   eo.model_dir = args.required("--model");
   eo.parallel = static_cast<int>(args.get_int("--parallel", 4, 1, 4096));
   eo.kv_budget_bytes = static_cast<uint64_t>(args.get_int("--kv-budget-mb", 1024, 1, int64_t{1} << 24)) << 20;
@@ -186,7 +203,12 @@ int run_serve(int argc, char** argv, MpiJob* job) {
   so.host = args.get("--host", "127.0.0.1");
   so.port = static_cast<int>(args.get_int("--port", 8080, 0, 65535));
   so.threads = static_cast<int>(args.get_int("--threads", 4, 1, 1024));
+  so.log = log;
   so.max_connections = static_cast<size_t>(args.get_int("--max-connections", 1024, 1, 1 << 20));
+  so.max_client_connections = static_cast<size_t>(args.get_int("--max-client-connections", 256, 1, 1 << 20));
+  so.body_bytes_in_flight = static_cast<size_t>(args.get_int("--bodies-in-flight-mb", 128, 8, 1 << 20)) << 20;
+  so.shutdown_grace = std::chrono::seconds(args.get_int("--shutdown-grace", 10, 0, 3600));
+  so.stall_timeout = std::chrono::seconds(args.get_int("--stall-timeout", 120, 1, 86400));
   so.request_timeout = std::chrono::seconds(args.get_int("--request-timeout", 0, 0, int64_t{1} << 31));
   so.header_timeout = std::chrono::seconds(args.get_int("--header-timeout", 30, 1, 86400));
   so.body_timeout = std::chrono::seconds(args.get_int("--body-timeout", 60, 1, 86400));
@@ -216,6 +238,15 @@ int run_serve(int argc, char** argv, MpiJob* job) {
 
   eo.backend = backend_from_environment();
   Engine engine(eo);
+  // The engine's files are open now: what the descriptor limit leaves is the connections' (and a
+  // cap above it would have accept fail with EMFILE, answering no one).
+  const size_t connections_asked = so.max_connections;
+  so.max_connections = connection_cap(raise_descriptor_limit(), args.has("--max-connections"), connections_asked,
+                                      connections_asked, so.probe_connections);
+  if (so.max_connections < connections_asked) {
+    std::fprintf(stderr, "dsv41 serve: --max-connections lowered to %zu, what the open-files limit leaves\n",
+                 so.max_connections);
+  }
   std::unique_ptr<PrefillListener> handover;
   std::string role_note;
   if (role == "prefill") {
@@ -245,10 +276,16 @@ int run_serve(int argc, char** argv, MpiJob* job) {
     server.stop();
   });
   server.run();
-  // run() returned: by a signal, or because listening failed; either way wake the waiter (a no-op
-  // signal to it if it already returned is harmless since the signal stays blocked).
+  // run() returned: by a signal, or because the server failed. Which, is read before the waiter is
+  // woken (a no-op signal to it if it already returned is harmless since the signal stays blocked).
+  const bool stop_asked = server.stop_requested();
   pthread_kill(waiter.native_handle(), SIGTERM);
   waiter.join();
+  if (!stop_asked) {
+    // Not by a signal: a supervisor's restart-on-failure must see a failure.
+    std::fprintf(stderr, "dsv41 serve: the server stopped without being asked to\n");
+    return 1;
+  }
   std::fprintf(stderr, "dsv41 serve: stopped\n");
   return 0;
 }

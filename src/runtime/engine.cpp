@@ -92,6 +92,7 @@ struct Engine::Impl {
   std::deque<std::unique_ptr<Request>> queue;
   std::vector<uint64_t> cancels;
   EngineMetrics stats;  // under mu; the scheduler refreshes the gauges after every step
+  std::chrono::steady_clock::time_point step_began{};  // under mu: the running step's start; {} between steps
   std::thread scheduler;
 
   // scheduler-thread only
@@ -257,6 +258,9 @@ EngineMetrics Engine::metrics() const {
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     m = impl_->stats;
+    if (impl_->step_began != std::chrono::steady_clock::time_point{}) {
+      m.step_running_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - impl_->step_began).count();
+    }
   }
   if (const ExpertCache* cache = impl_->model->expert_cache()) {
     const ExpertCacheStats st = cache->stats();
@@ -668,6 +672,7 @@ void Engine::Impl::loop() {
       }
       admit_locked();
       stats.requests_queued = queue.size();
+      step_began = std::chrono::steady_clock::now();
     }
     for (auto& r : cancelled_queued) finish(*r, "cancelled");
     for (auto& r : running) {
@@ -706,6 +711,7 @@ void Engine::Impl::loop() {
                   [&] { return stopping || handover_arrived || !queue.empty() || !cancels.empty(); });
     }
     handover_arrived = false;
+    step_began = {};
     ++stats.steps_total;
     stats.last_batch_size = batch;
     stats.requests_running = running.size();

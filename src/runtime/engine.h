@@ -136,6 +136,9 @@ struct EngineMetrics {
   uint64_t requests_running = 0, requests_queued = 0;
   uint64_t prompt_tokens_total = 0, generation_tokens_total = 0, cached_tokens_total = 0;
   uint64_t steps_total = 0, last_batch_size = 0;
+  // How long the step now running has run (0 between steps): a step that never ends (a peer that
+  // stopped answering) shows here, where a server's watchdog reads it.
+  double step_running_seconds = 0;
   uint64_t decode_forwards_total = 0;  // batched decode forwards: every ready sequence's rows in one
   uint64_t kv_pages_in_use = 0;
   uint64_t cache_pages_in_use = 0;  // of those, held by the prefix cache for later requests

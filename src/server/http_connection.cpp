@@ -1,5 +1,6 @@
 #include "server/http_connection.h"
 
+#include <malloc.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <sstream>
 
@@ -24,6 +26,9 @@ using tcp = net::ip::tcp;
 using Clock = std::chrono::steady_clock;
 using Headers = std::vector<std::pair<std::string, std::string>>;
 
+// The head deadline of a probe-only connection.
+constexpr std::chrono::milliseconds kProbeHeadTimeout{2000};
+
 namespace {
 
 // Whether posts from other threads may still reach the I/O context: cleared before it is destroyed,
@@ -33,7 +38,53 @@ struct PostGate {
   bool open = true;
 };
 
+// The server-wide budget of body bytes; shares of it outlive the listener (a worker may hold one).
+struct BodyBudget {
+  std::mutex mu;
+  size_t limit = 0;
+  size_t held = 0;
+};
+
+// Which connections a new one may take: a full one, one for probes only, or none.
+enum class Slot { Full, Probe, None };
+
+// After a share this large is given back, the allocator returns its free pages to the system: a
+// parsed 8 MiB body is tens of MB of small blocks that would otherwise stay in the process.
+constexpr size_t kTrimAfterBytes = size_t{1} << 20;
+
 }  // namespace
+
+class BodyShare {
+ public:
+  BodyShare(std::shared_ptr<BodyBudget> budget, size_t bytes) : budget_(std::move(budget)), bytes_(bytes) {}
+  ~BodyShare() {
+    {
+      std::lock_guard<std::mutex> lock(budget_->mu);
+      budget_->held -= bytes_;
+    }
+    if (bytes_ >= kTrimAfterBytes) malloc_trim(0);
+  }
+  BodyShare(const BodyShare&) = delete;
+  BodyShare& operator=(const BodyShare&) = delete;
+  // Takes `bytes` of the budget, or null when they do not fit.
+  static std::shared_ptr<BodyShare> take(const std::shared_ptr<BodyBudget>& budget, size_t bytes) {
+    std::lock_guard<std::mutex> lock(budget->mu);
+    if (budget->held + bytes > budget->limit) return nullptr;
+    budget->held += bytes;
+    return std::make_shared<BodyShare>(budget, bytes);
+  }
+  // Gives back what a chunked body, reserved at the body limit, did not use.
+  void shrink_to(size_t bytes) {
+    if (bytes >= bytes_) return;
+    std::lock_guard<std::mutex> lock(budget_->mu);
+    budget_->held -= bytes_ - bytes;
+    bytes_ = bytes;
+  }
+
+ private:
+  std::shared_ptr<BodyBudget> budget_;
+  size_t bytes_;
+};
 
 class Connection;
 
@@ -42,35 +93,58 @@ struct ListenerState {
   HeadCheck check;
   RequestHandler handler;
   ReplyObserver observer;
+  ListenerEvents events;
   std::shared_ptr<PostGate> gate = std::make_shared<PostGate>();
+  std::shared_ptr<BodyBudget> bodies = std::make_shared<BodyBudget>();
   std::mutex mu;
   std::vector<std::weak_ptr<Connection>> live;  // for stop()
-  std::atomic<size_t> connections{0};
+  // Connections held, in all and per client address: full ones, and those for probes only.
+  size_t full = 0, probes = 0;
+  std::map<net::ip::address, std::pair<size_t, size_t>> per_client;
   std::atomic<bool> stopping{false};
+  bool accept_failing = false;  // on the I/O thread: an episode of failed accepts is under way
   // Last, so it goes first: destroying it destroys the handlers still queued, and with them the
   // connections they hold, which use the members above.
   net::io_context ioc{1};
   tcp::acceptor acceptor{ioc};
+  net::steady_timer accept_retry{ioc};
 
   void accept();
+  void accept_failed(const beast::error_code& ec);
   void forget_closed();
+  // Takes a slot for a connection from `client`; `why` says which cap was reached when it is not Full.
+  Slot admit(const net::ip::address& client, std::string& why);
+  void release(const net::ip::address& client, Slot slot);
+  void log(const std::string& line) const {
+    if (events.log) events.log(line);
+  }
+  void turned_away(int status) const {
+    if (events.turned_away) events.turned_away(status);
+  }
 };
 
 // One client connection, all of whose work runs on its strand.
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(ListenerState& owner, tcp::socket socket)
-      : owner_(owner), stream_(std::move(socket)), tick_(stream_.get_executor()) {
-    ++owner_.connections;
-  }
-  ~Connection() { --owner_.connections; }
+  Connection(ListenerState& owner, tcp::socket socket, net::ip::address client, Slot slot, std::string why)
+      : owner_(owner), stream_(std::move(socket)), tick_(stream_.get_executor()), client_(std::move(client)),
+        slot_(slot), probe_refusal_(std::move(why)) {}
+  ~Connection() { owner_.release(client_, slot_); }
 
   void start() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_next(); });
   }
-  void close_now() {
-    net::post(stream_.get_executor(), [self = shared_from_this()] { self->close(); });
+  // The server stops: closes an idle connection now, and one answering a request once its reply is
+  // complete or `grace` has passed.
+  void wind_down(std::chrono::milliseconds grace) {
+    net::post(stream_.get_executor(), [self = shared_from_this(), grace] {
+      if (!self->exchange_ || grace.count() <= 0) return self->close();
+      self->close_after_ = true;
+      self->deadlines_.push_back({Clock::now() + grace, [c = self.get()] { c->close(); }});
+      self->arm_tick();
+    });
   }
+  bool is_gone() const { return gone_flag_; }
 
   // --- what an exchange asks for, on the strand; `from` must be the current exchange
   struct Exchange;
@@ -95,7 +169,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void queue(Out out);
   void write_next();
   void reply_complete();
-  void refuse(int status, const std::string& message, const std::string& code);
+  void refuse(int status, const std::string& message, const std::string& code, Headers headers = {});
+  bool take_body_share();
   void arm_tick();
   void on_tick();
   void gone();
@@ -107,6 +182,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   ListenerState& owner_;
   beast::tcp_stream stream_;
   net::steady_timer tick_;
+  const net::ip::address client_;
+  const Slot slot_;
+  const std::string probe_refusal_;  // a probe-only connection's answer to anything but a probe
+  std::atomic<bool> gone_flag_{false};  // gone_ || closed_, for other threads (HttpExchange::gone)
+  std::shared_ptr<BodyShare> share_;  // the request's share of the body budget, until dispatched
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   RequestHead head_;
@@ -129,6 +209,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool tick_armed_ = false;
 
   std::deque<Out> out_;
+  size_t out_bytes_ = 0;  // in out_
   bool writing_ = false;
   bool body_unread_ = false;  // the request was answered before its body was read
   size_t lingered_ = 0;
@@ -175,6 +256,10 @@ struct Connection::Exchange : HttpExchange, std::enable_shared_from_this<Exchang
   void after(std::chrono::milliseconds delay, std::function<void()> fn) override {
     on_strand([delay, fn = std::move(fn)](Connection& c, const Exchange* ex) mutable { c.after(ex, delay, std::move(fn)); });
   }
+  bool gone() const override {
+    const std::shared_ptr<Connection> c = conn.lock();
+    return !c || c->is_gone();
+  }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -188,10 +273,13 @@ void Connection::read_next() {
   deadlines_.clear();
   extra_.clear();
   close_after_ = false;
+  share_.reset();
   parser_.emplace();
   parser_->header_limit(static_cast<std::uint32_t>(owner_.limits.header_bytes));
   parser_->body_limit(owner_.limits.body_bytes);
-  stream_.expires_after(owner_.limits.header_timeout);
+  // A probe sends its request at once: a probe-only slot is not held longer than that.
+  stream_.expires_after(slot_ == Slot::Probe ? std::min(owner_.limits.header_timeout, kProbeHeadTimeout)
+                                             : owner_.limits.header_timeout);
   http::async_read_header(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
     self->on_header(ec);
   });
@@ -209,11 +297,26 @@ void Connection::on_header(beast::error_code ec) {
   if (ec) return refuse(400, "malformed HTTP request (" + ec.message() + ")", "malformed_request");
   const auto& req = parser_->get();
   version_ = req.version();
-  keep_alive_ = req.keep_alive();
+  keep_alive_ = req.keep_alive() && slot_ == Slot::Full;
   head_ = RequestHead{std::string(req.method_string()), std::string(req.target()), {}};
   head_.path = head_.path.substr(0, head_.path.find('?'));
   for (const auto& f : req) head_.headers.emplace(std::string(f.name_string()), std::string(f.value()));
   const bool body_unread = !parser_->is_done();
+  // RFC 9112 3.2: exactly one Host in HTTP/1.1, at most one in HTTP/1.0; anything else is a 400.
+  const size_t hosts = req.count(http::field::host);
+  if (hosts > 1 || (version_ >= 11 && hosts == 0)) {
+    return refuse(400, "an HTTP/1.1 request carries exactly one Host header field (this one has " +
+                           std::to_string(hosts) + ")", "bad_host");
+  }
+  if (slot_ == Slot::Probe) {
+    const bool probe = (head_.method == "GET" || head_.method == "HEAD") &&
+                       (head_.path == "/health" || head_.path == "/metrics");
+    if (!probe) {
+      owner_.turned_away(503);
+      return refuse(503, probe_refusal_ + "; only GET /health and /metrics are answered beyond it", "too_many_connections",
+                    {{"Retry-After", "1"}});
+    }
+  }
   if (std::optional<HttpReply> answer = owner_.check(head_, extra_)) {
     // A refusal closes the connection (the unread body must not be parsed as a request, and a
     // refused client gets nothing more); an accepted preflight keeps it.
@@ -221,6 +324,12 @@ void Connection::on_header(beast::error_code ec) {
     body_unread_ = body_unread;
     exchange_ = std::make_shared<Exchange>();
     return reply(exchange_.get(), std::move(*answer));
+  }
+  if (!take_body_share()) {
+    owner_.turned_away(503);
+    return refuse(503, "the server holds as many request bodies as it may (" +
+                           std::to_string(owner_.limits.body_bytes_in_flight) + " bytes); retry shortly",
+                  "server_busy", {{"Retry-After", "1"}});
   }
   if (!body_unread) return dispatch_request();
   if (beast::iequals(req[http::field::expect], "100-continue")) {
@@ -230,10 +339,29 @@ void Connection::on_header(beast::error_code ec) {
   http::async_read(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code e, size_t) { self->on_body(e); });
 }
 
+// A body's bytes are taken from the server-wide budget before any is read: as declared, or, when
+// chunked, as much as the body limit allows (given back down to its size once it is read).
+bool Connection::take_body_share() {
+  const auto& req = parser_->get();
+  const size_t bytes = req.chunked() ? owner_.limits.body_bytes
+                                     : static_cast<size_t>(std::min<std::uint64_t>(parser_->content_length().value_or(0),
+                                                                                  owner_.limits.body_bytes));
+  if (bytes == 0) return true;
+  share_ = BodyShare::take(owner_.bodies, bytes);
+  return share_ != nullptr;
+}
+
+// Whether a read failed on the request's bytes (answered 400) rather than on the connection (closed).
+static bool malformed(const beast::error_code& ec) {
+  static const beast::error_category& http_errors = http::make_error_code(http::error::bad_chunk).category();
+  return ec.category() == http_errors && ec != http::error::partial_message && ec != http::error::end_of_stream;
+}
+
 void Connection::on_body(beast::error_code ec) {
   if (ec == http::error::body_limit) {
     return refuse(413, "The request body is larger than this server's limit of " + std::to_string(owner_.limits.body_bytes) + " bytes", "request_too_large");
   }
+  if (ec && malformed(ec) && !owner_.stopping) return refuse(400, "malformed request body (" + ec.message() + ")", "malformed_request");
   if (ec) return close();  // cut off, too slow (the body deadline), or the server stops
   dispatch_request();
 }
@@ -241,6 +369,8 @@ void Connection::on_body(beast::error_code ec) {
 void Connection::dispatch_request() {
   stream_.expires_never();
   HttpRequest r;
+  if (share_) share_->shrink_to(parser_->get().body().size());
+  r.share = std::move(share_);
   r.head = head_;
   r.target = std::string(parser_->get().target());
   r.version = static_cast<int>(version_);
@@ -253,12 +383,14 @@ void Connection::dispatch_request() {
   owner_.handler(ex, std::move(r));
 }
 
-void Connection::refuse(int status, const std::string& message, const std::string& code) {
-  ApiError e(status, "invalid_request_error", message, "", code);
+void Connection::refuse(int status, const std::string& message, const std::string& code, Headers headers) {
+  ApiError e(status, status >= 500 ? "server_error" : "invalid_request_error", message, "", code);
   HttpReply r;
   r.status = status;
   r.body = nlohmann::json(error_body(e)).dump();
+  r.headers = std::move(headers);
   r.close = true;
+  share_.reset();
   body_unread_ = true;
   head_ = RequestHead{"-", "-", {}};
   exchange_ = std::make_shared<Exchange>();
@@ -284,7 +416,11 @@ void Connection::reply(const Exchange* from, HttpReply r) {
   res.prepare_payload();
   status_ = r.status;
   std::ostringstream os;
-  os << res;
+  if (head_.method == "HEAD") {
+    os << res.base();  // the head a GET gets, Content-Length included, and no body (RFC 9110 9.3.2)
+  } else {
+    os << res;
+  }
   queue({os.str(), true});
 }
 
@@ -299,8 +435,8 @@ void Connection::start_stream(const Exchange* from, int status, std::string type
   for (const auto& [k, v] : extra_) res.set(k, v);
   if (version_ >= 11) {
     res.chunked(true);
-    close_after_ = !keep_alive_;
-    res.keep_alive(keep_alive_);
+    close_after_ = close_after_ || !keep_alive_ || owner_.stopping;
+    res.keep_alive(!close_after_);
   } else {
     close_after_ = true;  // HTTP/1.0 has no chunks: the end of the stream is the end of the connection
     res.keep_alive(false);
@@ -316,6 +452,9 @@ void Connection::start_stream(const Exchange* from, int status, std::string type
 void Connection::send(const Exchange* from, std::string data) {
   if (!current(from) || !streaming_ || data.empty()) return;
   queue({version_ >= 11 ? beast::buffers_to_string(http::make_chunk(net::buffer(data))) : std::move(data), false});
+  // A client this far behind has stopped reading: its request is cancelled rather than its events
+  // buffered without end (the write deadline alone would let minutes of tokens pile up).
+  if (out_bytes_ > owner_.limits.stream_buffer_bytes) gone();
 }
 
 void Connection::finish(const Exchange* from) {
@@ -340,6 +479,7 @@ void Connection::after(const Exchange* from, std::chrono::milliseconds delay, st
 
 void Connection::queue(Out out) {
   if (closed_) return;
+  out_bytes_ += out.bytes.size();
   out_.push_back(std::move(out));
   write_next();
 }
@@ -352,10 +492,12 @@ void Connection::write_next() {
     self->writing_ = false;
     if (ec || self->closed_) {  // the client stopped reading or left, or the connection was closed meanwhile
       self->out_.clear();
+      self->out_bytes_ = 0;
       return self->gone();
     }
     self->last_write_ = Clock::now();
     const bool ends = self->out_.front().ends_reply;
+    self->out_bytes_ -= self->out_.front().bytes.size();
     self->out_.pop_front();
     if (ends) return self->reply_complete();
     if (self->out_.empty() && !self->streaming_) self->stream_.expires_never();
@@ -367,7 +509,7 @@ void Connection::reply_complete() {
   if (owner_.observer) owner_.observer(status_, head_.method, head_.path);
   exchange_.reset();
   on_gone_ = nullptr;
-  if (close_after_) {
+  if (close_after_ || owner_.stopping) {
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
     if (body_unread_) return linger();
@@ -431,6 +573,7 @@ void Connection::on_tick() {
 void Connection::gone() {
   if (gone_ || closed_) return;
   gone_ = true;
+  gone_flag_ = true;
   if (on_gone_) {
     auto fn = std::move(on_gone_);
     on_gone_ = nullptr;
@@ -442,6 +585,8 @@ void Connection::gone() {
 void Connection::close() {
   if (closed_) return;
   closed_ = true;
+  gone_flag_ = true;
+  share_.reset();
   if (on_gone_ && exchange_ && !gone_) {  // the server closes a request still running: it ends too
     gone_ = true;
     auto fn = std::move(on_gone_);
@@ -451,7 +596,10 @@ void Connection::close() {
   beast::error_code ec;
   tick_.cancel();
   stream_.socket().close(ec);
-  if (!writing_) out_.clear();  // a write in flight still uses its buffer; its handler clears
+  if (!writing_) {  // a write in flight still uses its buffer; its handler clears
+    out_.clear();
+    out_bytes_ = 0;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -463,18 +611,62 @@ void ListenerState::forget_closed() {
              live.end());
 }
 
+Slot ListenerState::admit(const net::ip::address& client, std::string& why) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto& [client_full, client_probes] = per_client[client];
+  if (full < limits.max_connections && client_full < limits.max_client_connections) {
+    ++full, ++client_full;
+    return Slot::Full;
+  }
+  why = full >= limits.max_connections
+            ? "the server holds its maximum of " + std::to_string(limits.max_connections) + " connections"
+            : "this client holds its maximum of " + std::to_string(limits.max_client_connections) + " connections";
+  // Half the probe slots at most per address, so one client cannot take them all either.
+  if (probes < limits.probe_connections && client_probes < std::max<size_t>(1, limits.probe_connections / 2)) {
+    ++probes, ++client_probes;
+    return Slot::Probe;
+  }
+  if (client_full == 0 && client_probes == 0) per_client.erase(client);
+  return Slot::None;
+}
+
+void ListenerState::release(const net::ip::address& client, Slot slot) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = per_client.find(client);
+  if (it == per_client.end()) return;
+  if (slot == Slot::Full) --full, --it->second.first;
+  if (slot == Slot::Probe) --probes, --it->second.second;
+  if (it->second.first == 0 && it->second.second == 0) per_client.erase(it);
+}
+
 void ListenerState::accept() {
   acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
-    if (ec || stopping) return;  // the acceptor was closed
+    if (stopping) return;  // the acceptor was closed
+    if (ec) return accept_failed(ec);
+    if (accept_failing) {
+      accept_failing = false;
+      log("accepting connections again");
+    }
     socket.set_option(tcp::no_delay(true), ec);  // SSE events are small; do not wait to coalesce them
-    if (connections.load() >= limits.max_connections) {
-      // Over the cap: a short answer written without waiting (the socket's buffer takes it), then closed.
-      const std::string busy = "HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
+    socket.set_option(net::socket_base::send_buffer_size(limits.socket_send_buffer), ec);
+    const net::ip::address client = socket.remote_endpoint(ec).address();
+    std::string why;
+    const Slot slot = ec ? Slot::None : admit(client, why);
+    if (ec) {
+      socket.close(ec);  // the client left before it could be looked at
+    } else if (slot == Slot::None) {
+      // Over every cap: a short answer written without waiting (the socket's buffer takes it), then closed.
+      ApiError e(503, "server_error", why + "; retry shortly", "", "too_many_connections");
+      const std::string body = nlohmann::json(error_body(e)).dump();
+      const std::string busy = "HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\n"
+                               "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+                               "\r\n\r\n" + body;
       socket.non_blocking(true, ec);
       net::write(socket, net::buffer(busy), ec);
       socket.close(ec);
+      turned_away(503);
     } else {
-      auto c = std::make_shared<Connection>(*this, std::move(socket));
+      auto c = std::make_shared<Connection>(*this, std::move(socket), client, slot, std::move(why));
       forget_closed();
       {
         std::lock_guard<std::mutex> lock(mu);
@@ -486,12 +678,31 @@ void ListenerState::accept() {
   });
 }
 
-HttpListener::HttpListener(HttpLimits limits, HeadCheck check, RequestHandler handler, ReplyObserver observer)
+// A failed accept (EMFILE or ENFILE when descriptors run out, ENOBUFS, ECONNABORTED) is tried again
+// after a back-off: accepting again at once would spin on the same error, and not accepting again
+// would leave the server deaf for good. The first failure of an episode is logged.
+void ListenerState::accept_failed(const beast::error_code& ec) {
+  if (events.accept_failed) events.accept_failed();
+  if (!accept_failing) {
+    accept_failing = true;
+    log("cannot accept a connection (" + ec.message() + "); trying again every " +
+        std::to_string(limits.accept_backoff.count()) + " ms");
+  }
+  accept_retry.expires_after(limits.accept_backoff);
+  accept_retry.async_wait([this](beast::error_code e) {
+    if (!e && !stopping) accept();
+  });
+}
+
+HttpListener::HttpListener(HttpLimits limits, HeadCheck check, RequestHandler handler, ReplyObserver observer,
+                           ListenerEvents events)
     : impl_(std::make_shared<ListenerState>()) {
   impl_->limits = limits;
   impl_->check = std::move(check);
   impl_->handler = std::move(handler);
   impl_->observer = std::move(observer);
+  impl_->events = std::move(events);
+  impl_->bodies->limit = std::max(limits.body_bytes_in_flight, limits.body_bytes);
 }
 
 HttpListener::~HttpListener() {
@@ -522,15 +733,16 @@ void HttpListener::run() {
   impl_->ioc.run();
 }
 
-void HttpListener::stop() {
+void HttpListener::stop(std::chrono::milliseconds grace) {
   ListenerState& m = *impl_;
   if (m.stopping.exchange(true)) return;
-  net::post(m.ioc, [&m] {
+  net::post(m.ioc, [&m, grace] {
     beast::error_code ec;
     m.acceptor.close(ec);
+    m.accept_retry.cancel();
     std::lock_guard<std::mutex> lock(m.mu);
     for (auto& w : m.live) {
-      if (auto c = w.lock()) c->close_now();
+      if (auto c = w.lock()) c->wind_down(grace);
     }
   });
 }

@@ -5,7 +5,6 @@
 #include <chrono>
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
-#include <cstdio>
 #include <ctime>
 #include <mutex>
 #include <unordered_set>
@@ -210,6 +209,7 @@ struct HttpServer::Impl {
 
   Impl(Engine& e, ServerOptions o)
       : engine(e), options(std::move(o)), workers(static_cast<size_t>(std::max(options.threads, 1))) {
+    if (!options.log) options.log = std::make_shared<LineLog>(2);
     if (options.served_model_names.empty()) {
       info.name = engine.model_name();
     } else {
@@ -236,10 +236,19 @@ struct HttpServer::Impl {
     limits.body_timeout = options.body_timeout;
     limits.write_timeout = options.write_timeout;
     limits.max_connections = options.max_connections;
+    limits.max_client_connections = options.max_client_connections;
+    limits.probe_connections = options.probe_connections;
+    limits.body_bytes_in_flight = options.body_bytes_in_flight;
+    limits.stream_buffer_bytes = options.stream_buffer_bytes;
+    ListenerEvents events;
+    events.log = [log = options.log](const std::string& line) { log->write("http: " + line); };
+    events.accept_failed = [sh = shared] { sh->count([](HttpCounters& c) { ++c.accept_failures; }); };
+    events.turned_away = [sh = shared](int) { sh->count([](HttpCounters& c) { ++c.turned_away; }); };
     listener = std::make_unique<HttpListener>(
         limits, [this](const RequestHead& head, std::vector<std::pair<std::string, std::string>>& add) { return check(head, add); },
         [this](std::shared_ptr<HttpExchange> ex, HttpRequest req) { handle(std::move(ex), std::move(req)); },
-        [this](int status, const std::string& method, const std::string& path) { observe(status, method, path); });
+        [this](int status, const std::string& method, const std::string& path) { observe(status, method, path); },
+        std::move(events));
   }
   ~Impl() {
     listener.reset();  // no more requests reach the workers
@@ -251,6 +260,17 @@ struct HttpServer::Impl {
   void observe(int status, const std::string& method, const std::string& path);
   void generate(Endpoint endpoint, const std::shared_ptr<HttpExchange>& ex, const HttpRequest& req,
                 std::chrono::steady_clock::time_point arrived);
+  // 200 while the engine makes progress; 503 while one step has run past the stall timeout (a peer
+  // that stopped answering, a wedged kernel), so a supervisor's probe sees what clients feel.
+  HttpReply health() const {
+    const double step = engine.metrics().step_running_seconds;
+    const double limit = std::chrono::duration<double>(options.stall_timeout).count();
+    if (limit > 0 && step > limit) {
+      return json_reply(503, {{"status", "stalled"}, {"model", info.name}, {"step_running_seconds", step},
+                              {"stall_timeout_seconds", limit}});
+    }
+    return json_reply(200, {{"status", "ok"}, {"model", info.name}});
+  }
   json model_object(const std::string& id) const {
     return {{"id", id}, {"object", "model"}, {"created", started}, {"owned_by", "dsv41"},
             {"max_model_len", info.context_length}};
@@ -284,23 +304,23 @@ void HttpServer::Impl::observe(int status, const std::string& method, const std:
       ++c.responses_2xx;
     }
   });
-  if (options.log_requests) {
-    std::fprintf(stderr, "%s %s %d\n", printable(method).c_str(), printable(path).c_str(), status);
-  }
+  if (options.log_requests) options.log->write(printable(method) + " " + printable(path) + " " + std::to_string(status));
 }
 
 void HttpServer::Impl::handle(std::shared_ptr<HttpExchange> ex, HttpRequest req) {
   const std::string& path = req.head.path;
   const std::string& method = req.head.method;
-  // Quick routes answer on the I/O thread, so probes keep working however busy the workers are.
-  if (method == "GET") {
-    if (path == "/health") return ex->reply(json_reply(200, {{"status", "ok"}, {"model", info.name}}));
+  // Quick routes answer on the I/O thread, so probes keep working however busy the workers are. HEAD
+  // gets the same answer, without its body (the connection leaves it out).
+  if (method == "GET" || method == "HEAD") {
+    if (path == "/health") return ex->reply(health());
     if (path == "/metrics") {
       HttpCounters c;
       {
         std::lock_guard<std::mutex> lock(shared->mu);
         c = shared->counters;
       }
+      c.log_lines_dropped = options.log->dropped();
       HttpReply r;
       r.content_type = "text/plain; version=0.0.4";
       r.body = render_metrics(engine.metrics(), c);
@@ -325,6 +345,7 @@ void HttpServer::Impl::handle(std::shared_ptr<HttpExchange> ex, HttpRequest req)
       if (path != r.path || std::string(r.method) != "POST") continue;
       const auto arrived = std::chrono::steady_clock::now();
       boost::asio::post(workers, [this, ex, arrived, req = std::move(req)] {
+        if (ex->gone()) return;  // its client left while it waited for a worker: nothing to parse for
         try {
           const std::string& p = req.head.path;
           if (p == "/v1/chat/completions") return generate(Endpoint::ChatCompletions, ex, req, arrived);
@@ -351,9 +372,9 @@ void HttpServer::Impl::handle(std::shared_ptr<HttpExchange> ex, HttpRequest req)
   // A known path with another method is 405 with the methods it takes; anything else 404.
   std::string allow;
   for (const Route& r : kRoutes) {
-    if (path == r.path) allow += (allow.empty() ? "" : ", ") + std::string(r.method);
+    if (path == r.path) allow += (allow.empty() ? "" : ", ") + std::string(r.method) + (r.method == std::string("GET") ? ", HEAD" : "");
   }
-  if (path.rfind("/v1/models/", 0) == 0 && path.size() > 11) allow = "GET";
+  if (path.rfind("/v1/models/", 0) == 0 && path.size() > 11) allow = "GET, HEAD";
   if (!allow.empty()) {
     HttpReply r = error_reply(ApiError(405, "invalid_request_error",
                                        "Method " + printable(method) + " is not allowed on " + printable(path) +
@@ -369,6 +390,14 @@ void HttpServer::Impl::handle(std::shared_ptr<HttpExchange> ex, HttpRequest req)
 // On a worker: parse, submit, and wire the engine's events to the exchange.
 void HttpServer::Impl::generate(Endpoint endpoint, const std::shared_ptr<HttpExchange>& ex, const HttpRequest& req,
                                 std::chrono::steady_clock::time_point arrived) {
+  // The deadline counts from the request's arrival: its wait for a worker and its parsing are in it.
+  const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - arrived);
+  if (options.request_timeout.count() > 0 && spent >= options.request_timeout) {
+    return ex->reply(error_reply(ApiError(504, "server_error",
+                                          "the request waited past the server's request timeout of " +
+                                              std::to_string(options.request_timeout.count()) + " ms before it could start",
+                                          "", "request_timeout")));
+  }
   ApiRequest api = endpoint == Endpoint::Responses ? parse_responses_request(req.body, info)
                                                    : parse_request(endpoint, req.body, info);
   RequestParams params = std::move(api.params);  // the engine's; the builder needs only the rest
@@ -401,7 +430,9 @@ void HttpServer::Impl::generate(Endpoint endpoint, const std::shared_ptr<HttpExc
     sh->count([](HttpCounters& c) { ++c.client_disconnects; });
   });
   if (options.request_timeout.count() > 0) {
-    ex->after(options.request_timeout, [eng, id, g] {
+    const auto left = options.request_timeout -
+                      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - arrived);
+    ex->after(std::max(left, std::chrono::milliseconds(0)), [eng, id, g] {
       g->timed_out = true;
       eng->cancel(id);
     });
@@ -436,7 +467,9 @@ void HttpServer::stop() {
     std::lock_guard<std::mutex> lock(m.shared->mu);
     for (uint64_t id : m.shared->active) m.engine.cancel(id);
   }
-  m.listener->stop();
+  m.listener->stop(m.options.shutdown_grace);
 }
+
+bool HttpServer::stop_requested() const { return impl_->shared->stopping; }
 
 }  // namespace dsv41::server

@@ -66,6 +66,8 @@ std::string render_metrics(const EngineMetrics& m, const HttpCounters& h) {
   metric(out, "dsv41_generation_tokens_total", "counter", "Tokens generated.", m.generation_tokens_total);
   metric(out, "dsv41_cached_tokens_total", "counter", "Prompt tokens restored from the prefix cache.", m.cached_tokens_total);
   metric(out, "dsv41_steps_total", "counter", "Scheduler steps run.", m.steps_total);
+  metric(out, "dsv41_step_running_seconds", "gauge", "How long the step now running has run (0 between steps).",
+         m.step_running_seconds);
   metric(out, "dsv41_batch_size", "gauge", "Sequences in the last scheduler step.", m.last_batch_size);
   metric(out, "dsv41_kv_pages_in_use", "gauge", "KV pages allocated (running sequences and the prefix cache).", m.kv_pages_in_use);
   metric(out, "dsv41_prefix_cache_pages", "gauge", "KV pages the prefix cache holds (part of kv_pages_in_use).", m.cache_pages_in_use);
@@ -108,6 +110,12 @@ std::string render_metrics(const EngineMetrics& m, const HttpCounters& h) {
   metric(out, "dsv41_http_streams_open", "gauge", "Streaming responses being written.", h.streams_open);
   metric(out, "dsv41_http_client_disconnects_total", "counter", "Requests (streamed or not) ended by the client going away.",
          h.client_disconnects);
+  metric(out, "dsv41_http_accept_failures_total", "counter", "Accepts that failed (out of file descriptors), each retried.",
+         h.accept_failures);
+  metric(out, "dsv41_http_turned_away_total", "counter",
+         "Connections and request bodies refused with 503 for a connection cap or the body budget.", h.turned_away);
+  metric(out, "dsv41_log_lines_dropped_total", "counter", "Log lines dropped because the log (stderr) was not being read.",
+         h.log_lines_dropped);
   out += h.time_to_first_token.render("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.");
   out += h.inter_token_latency.render("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.");
   out += h.queue_time.render("vllm:request_queue_time_seconds", "Histogram of time spent in the waiting queue in seconds.");

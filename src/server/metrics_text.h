@@ -16,6 +16,9 @@ namespace dsv41::server {
 struct HttpCounters {
   uint64_t responses_2xx = 0, responses_4xx = 0, responses_5xx = 0;
   uint64_t streams_open = 0, client_disconnects = 0;
+  uint64_t accept_failures = 0;    // accepts that failed (out of descriptors), each retried
+  uint64_t turned_away = 0;        // connections and bodies refused with 503 for a cap
+  uint64_t log_lines_dropped = 0;  // operator log lines dropped because the log was not being read
   // request arrival to its first token
   LatencyHistogram time_to_first_token{{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                                         5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}};

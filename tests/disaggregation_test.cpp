@@ -213,6 +213,32 @@ TEST(PrefillDecode, APrefillServerThatDiesCostsOnlyALocalPrefill) {
   EXPECT_EQ(metric(decode.port(), "dsv41_handovers_total") + metric(decode.port(), "dsv41_handover_fallbacks_total"), 2);
 }
 
+// SIGTERM during a freeze: the decode server, whose request waits on the frozen prefill server, stops
+// at once; the prefill server, told while it is stopped, stops as soon as it runs again. A prefill
+// server started again on the same handover port binds it at once (no wait for TIME_WAIT sockets).
+TEST(PrefillDecode, SigtermStopsBothServersDuringAFreezeAndTheHandoverPortIsReusedAtOnce) {
+  std::future<Reply> client;  // destroyed last: its request ends when the decode server does
+  std::optional<ServeProcess> prefill;
+  prefill.emplace(test::tiny_model_dir(), "--role prefill");
+  ASSERT_GT(prefill->port(), 0) << prefill->first_line();
+  const std::string peer = handover_address(*prefill);
+  ServeProcess decode(test::tiny_model_dir(), "--role decode --prefill-peer " + peer);
+  ASSERT_GT(decode.port(), 0) << decode.first_line();
+  EXPECT_EQ(post(decode.port(), "/v1/chat/completions", long_chat(4)).status, 200);  // a handover: a connection came and went
+  EXPECT_EQ(metric(decode.port(), "dsv41_handovers_total"), 1);
+  kill(prefill->pid(), SIGSTOP);
+  client = std::async(std::launch::async, [&] { return post(decode.port(), "/v1/chat/completions", long_chat(4, false, "lake")); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the request waits on the frozen server
+  EXPECT_NE(decode.stop(SIGTERM, 5), -1) << "the decode server did not stop within 5 s of SIGTERM";
+  kill(prefill->pid(), SIGTERM);
+  kill(prefill->pid(), SIGCONT);
+  EXPECT_NE(prefill->wait(5), -1) << "the prefill server did not stop within 5 s of SIGTERM and SIGCONT";
+  prefill.reset();
+  ServeProcess again(test::tiny_model_dir(), "--role prefill --handover-listen " + peer);
+  EXPECT_GT(again.port(), 0) << "a prefill server could not listen on " << peer << " again at once";
+  EXPECT_EQ(handover_address(again), peer);
+}
+
 // A prefill server with other weights hands over state stamped with another fingerprint: refused
 // on arrival, never decoded.
 TEST(PrefillDecode, StateOfAnotherModelIsRefused) {

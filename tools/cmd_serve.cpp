@@ -2,7 +2,10 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <future>
 #include <memory>
 #include <fstream>
@@ -114,18 +117,27 @@ std::string read_key_file(const std::string& path) {
 }
 
 // A prefill server's answer to a decode server: the prompt prefilled through the engine (with every
-// other request it runs) and its state as prompt-cache entry bytes.
-std::vector<uint8_t> prefill_for_peer(Engine& engine, const std::vector<int32_t>& tokens, CacheMode mode) {
+// other request it runs) and its state as prompt-cache entry bytes. A stop cancels the prefill, so a
+// server told to stop does not first finish a long prompt (perhaps for a decode server long gone).
+std::vector<uint8_t> prefill_for_peer(Engine& engine, const std::vector<int32_t>& tokens, CacheMode mode,
+                                      const std::atomic<bool>& stopping) {
   RequestParams p;
   p.prompt = tokens;
   p.max_tokens = 0;
   p.export_state = mode;
   std::promise<TokenEvent> done;
   std::future<TokenEvent> final_event = done.get_future();
-  engine.submit(std::move(p), [&done](const TokenEvent& e) {
+  const uint64_t id = engine.submit(std::move(p), [&done](const TokenEvent& e) {
     if (e.done) done.set_value(e);
   });
+  while (final_event.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
+    if (stopping) {
+      engine.cancel(id);  // its final event follows within a step
+      break;
+    }
+  }
   const TokenEvent e = final_event.get();
+  if (e.finish_reason == "cancelled") fail("prefill", "cancelled: this server is stopping");
   if (e.finish_reason == "error" || !e.exported_state) fail("prefill", e.error.empty() ? "ended without a state" : e.error);
   return *e.exported_state;
 }
@@ -170,6 +182,11 @@ int run_serve(int argc, char** argv, MpiJob* job) {
     fail(args.has("--prefill-peer") ? "--prefill-peer" : args.has("--handover") ? "--handover" : "--handover-timeout",
          "belongs to --role decode");
   if (role != "prefill" && args.has("--handover-listen")) fail("--handover-listen", "belongs to --role prefill");
+  // A prefill server started again at once (after a crash, a freeze, a restart) binds its handover
+  // port even while its predecessor's connections sit in TIME_WAIT: UCX's listener asks for
+  // SO_REUSEADDR only when its environment says so (transfer/ucx_link.h), set here before the engine
+  // starts its threads, unless the operator chose otherwise.
+  if (role == "prefill") setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
   if (role == "decode") {
     const UcxAddress peer = parse_ucx_address(args.required("--prefill-peer"), "--prefill-peer");
     eo.handover = parse_cache_mode(args.get("--handover", "exact"));
@@ -221,7 +238,10 @@ int run_serve(int argc, char** argv, MpiJob* job) {
   if (role == "prefill") {
     UcxAddress at = parse_ucx_address(args.get("--handover-listen", so.host + ":0"), "--handover-listen");
     handover = std::make_unique<PrefillListener>(
-        at, [&engine](const std::vector<int32_t>& tokens, CacheMode mode) { return prefill_for_peer(engine, tokens, mode); },
+        at,
+        [&engine](const std::vector<int32_t>& tokens, CacheMode mode, const std::atomic<bool>& stopping) {
+          return prefill_for_peer(engine, tokens, mode, stopping);
+        },
         engine.config().max_seq_len);
     at.port = handover->port();
     role_note = "; prefill role, handover on ucx " + at.text();

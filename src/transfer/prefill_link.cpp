@@ -93,7 +93,7 @@ void PrefillListener::serve(UcxListener& listener) {
             fail("request", "holds a token id that is not a non-negative integer");
           tokens.push_back(id.get<int32_t>());
         }
-        const std::vector<uint8_t> entry = handler_(tokens, parse_cache_mode(request.value("mode", "")));
+        const std::vector<uint8_t> entry = handler_(tokens, parse_cache_mode(request.value("mode", "")), stopping_);
         answer.insert(answer.end(), entry.begin(), entry.end());
       } catch (const Error& e) {
         answer = bytes_of(std::string(1, '\1') + e.what());

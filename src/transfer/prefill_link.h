@@ -41,13 +41,15 @@ class UcxPrefillPeer final : public PrefillPeer {
 };
 
 // The prefill server's side: a thread that accepts decode servers' requests and answers them one at
-// a time with `handler(tokens, mode)`'s entry bytes (an Error from it goes back as the answer).
+// a time with `handler(tokens, mode, stopping)`'s entry bytes (an Error from it goes back as the
+// answer). `stopping` becomes true when the listener is destroyed: a handler ends its work early then.
 class PrefillListener {
  public:
-  using Handler = std::function<std::vector<uint8_t>(const std::vector<int32_t>& tokens, CacheMode mode)>;
+  using Handler = std::function<std::vector<uint8_t>(const std::vector<int32_t>& tokens, CacheMode mode,
+                                                     const std::atomic<bool>& stopping)>;
   // Error naming the address when it cannot listen. `max_tokens`: the longest prompt accepted.
   PrefillListener(const UcxAddress& at, Handler handler, int64_t max_tokens);
-  ~PrefillListener();  // stops accepting and joins the thread (a request being answered finishes first)
+  ~PrefillListener();  // stops accepting, ends the request being answered, joins the thread
   PrefillListener(const PrefillListener&) = delete;
   PrefillListener& operator=(const PrefillListener&) = delete;
   uint16_t port() const { return port_; }

@@ -74,7 +74,9 @@ constexpr const char* kHelp = R"(usage: dsv41 serve -m DIR [options]
                              HOST:PORT and their state handed over, --handover exact (the window rings
                              too, default) or replay (the last window replayed here); a prefill server
                              that fails is logged and the prompt prefilled here. --handover-timeout S
-                             bounds one handover (default 600)
+                             bounds one handover (default 600); a prefill server that lets one time
+                             out is not asked for as long again (doubling while it stays silent, up
+                             to 10 minutes), its prompts prefilled here at once
       --cors-origins LIST    comma-separated origins web pages may call from ("*": any); default none,
                              and a request with an Origin header not listed is refused (403)
       --log-requests         one line per request on stderr

@@ -1,6 +1,7 @@
 // dsv41 serve: the OpenAI-compatible HTTP server over an Engine, until SIGINT or SIGTERM.
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -77,6 +78,12 @@ constexpr const char* kHelp = R"(usage: dsv41 serve -m DIR [options]
                              bounds one handover (default 600); a prefill server that lets one time
                              out is not asked for as long again (doubling while it stays silent, up
                              to 10 minutes), its prompts prefilled here at once
+      --expert-parallel      under mpirun -np N: each rank holds 1/N of the routed experts and Engram
+                             rows, rank 0 serves (docs/distributed.md)
+      --rank-timeout S       with --expert-parallel: how long rank 0 waits for another rank's part of
+                             one layer's exchange (default 300, far past a healthy step's). Past it
+                             the requests of that step get a 500 naming the rank that did not answer,
+                             the server stops and the job ends with status 1
       --cors-origins LIST    comma-separated origins web pages may call from ("*": any); default none,
                              and a request with an Origin header not listed is refused (403)
       --log-requests         one line per request on stderr
@@ -144,6 +151,11 @@ std::vector<uint8_t> prefill_for_peer(Engine& engine, const std::vector<int32_t>
   return *e.exported_state;
 }
 
+// Waits, at most 2 s, until the engine has ended its step number `step` (EngineMetrics::steps_total).
+void wait_for_step(const Engine& engine, uint64_t step) {
+  for (int i = 0; i < 200 && engine.metrics().steps_total < step; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
+
 }  // namespace
 
 int run_serve(int argc, char** argv, MpiJob* job) {
@@ -157,7 +169,7 @@ int run_serve(int argc, char** argv, MpiJob* job) {
              "--served-model-name", "--api-key", "--api-key-file", "--cors-origins", "--max-connections", "--prompt-cache-disk-mb",
              "--request-timeout", "--header-timeout", "--body-timeout", "--speculative", "--draft-length",
              "--role", "--prefill-peer", "--handover", "--handover-listen", "--handover-timeout", "--max-images",
-             "--max-image-pixels"},
+             "--max-image-pixels", "--rank-timeout"},
             {"--log-requests", "--test-hooks", "--expert-parallel"}, {{"-m", "--model"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
 
@@ -172,7 +184,8 @@ int run_serve(int argc, char** argv, MpiJob* job) {
   eo.prefill_chunk = args.get_int("--prefill-chunk", 256, 1, 1 << 20);
   eo.engram = parse_engram_tier(args.get("--engram", "mmap"));
   eo.ram_bytes = args.get_size("--ram", 0);
-  if (args.has("--expert-parallel")) eo.expert_peers = expert_peers_for(job, eo.model_dir);
+  const std::chrono::seconds rank_timeout = rank_timeout_flag(args);
+  if (args.has("--expert-parallel")) eo.expert_peers = expert_peers_for(job, eo.model_dir, rank_timeout);
   const std::string spec = args.get("--speculative", "off");
   if (spec != "dspark" && spec != "off") fail("--speculative", "must be dspark or off, got \"" + spec + "\"");
   eo.speculative = spec == "dspark" ? SpeculativeMethod::DSpark : SpeculativeMethod::Off;
@@ -234,6 +247,7 @@ int run_serve(int argc, char** argv, MpiJob* job) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   eo.backend = backend_from_environment();
+  std::atomic<uint64_t> failed_step{0};  // the step in which the expert-parallel job failed (1-based)
   Engine engine(eo);
   std::unique_ptr<PrefillListener> handover;
   std::string role_note;
@@ -264,13 +278,28 @@ int run_serve(int argc, char** argv, MpiJob* job) {
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&stop_signals, &sig);
+    if (failed_step > 0) wait_for_step(engine, failed_step);  // its requests are told first
     server.stop();
   });
+  if (job != nullptr) {
+    // An expert-parallel rank that stops answering fails the scheduler's step that waited on it (its
+    // requests end with the error naming the rank) and the job: once that step has ended, the server
+    // stops as on SIGTERM, and the command ends with status 1. The handler runs on the scheduler's
+    // thread, inside the step; its signal goes to the process, whose only taker is the waiter.
+    job->on_failure([&engine, &failed_step](const std::string&) {
+      failed_step = engine.metrics().steps_total + 1;
+      kill(getpid(), SIGTERM);
+    });
+  }
   server.run();
   // run() returned: by a signal, or because listening failed; either way wake the waiter (a no-op
   // signal to it if it already returned is harmless since the signal stays blocked).
   pthread_kill(waiter.native_handle(), SIGTERM);
   waiter.join();
+  if (job != nullptr && !job->failure().empty()) {
+    std::fprintf(stderr, "dsv41 serve: error: expert parallel: %s\n", job->failure().c_str());
+    return 1;
+  }
   std::fprintf(stderr, "dsv41 serve: stopped\n");
   return 0;
 }

@@ -267,7 +267,7 @@ TEST(PrefillDecode, TheBackoffPausesTriesOnePromptAtATimeAndDoubles) {
 // prefilled here at once without asking it; once it runs again and the back-off has passed, prompts
 // are handed over again.
 TEST(PrefillDecode, AFrozenPrefillServerCostsOneTimeoutThenIsBackedOff) {
-  constexpr int kTimeout = 2;
+  constexpr int kTimeout = 3;  // long enough for the try after the back-off to be answered on a loaded machine
   std::vector<std::string> want;
   double local_s = 0;
   {
@@ -299,7 +299,7 @@ TEST(PrefillDecode, AFrozenPrefillServerCostsOneTimeoutThenIsBackedOff) {
   // still frozen: the next prompt does not ask it, and pays nothing for it
   const auto [second, second_s] = timed_chat(decode.port(), long_chat(4, false, "lake"));
   EXPECT_EQ(second, want[1]);
-  EXPECT_LT(second_s, kTimeout / 2.0 + local_s);
+  EXPECT_LT(second_s, kTimeout - 1 + local_s);
   EXPECT_EQ(metric(decode.port(), "dsv41_handovers_total"), 0);
   EXPECT_EQ(metric(decode.port(), "dsv41_handover_fallbacks_total"), 2);
   const std::string log = file_text(dir / "decode.log");

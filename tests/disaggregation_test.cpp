@@ -5,10 +5,12 @@
 // costs the decode server a local prefill and the client nothing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <fstream>
 #include <future>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <thread>
@@ -18,6 +20,7 @@
 #include "model/synthetic_checkpoint.h"
 #include "runtime/engine.h"
 #include "state/disk_cache.h"
+#include "transfer/peer_backoff.h"
 #include "serve_process.h"
 #include "server_util.h"
 #include "test_util.h"
@@ -211,6 +214,128 @@ TEST(PrefillDecode, APrefillServerThatDiesCostsOnlyALocalPrefill) {
   EXPECT_EQ(chat_text(decode.port(), long_chat(8, false, "lake")), want_other);
   EXPECT_GE(metric(decode.port(), "dsv41_handover_fallbacks_total"), 1);
   EXPECT_EQ(metric(decode.port(), "dsv41_handovers_total") + metric(decode.port(), "dsv41_handover_fallbacks_total"), 2);
+}
+
+// The client's answer to `body` and the seconds it took.
+std::pair<std::string, double> timed_chat(int port, const json& body) {
+  const auto start = std::chrono::steady_clock::now();
+  std::string text = chat_text(port, body);
+  return {text, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+}
+
+std::string file_text(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The back-off alone, on a clock of its own: prompts that time out together start one pause; past it
+// one prompt at a time tries the peer; a try that times out too doubles the pause, up to the longest;
+// a try that fails otherwise lets the next prompt try; an answer ends the back-off.
+TEST(PrefillDecode, TheBackoffPausesTriesOnePromptAtATimeAndDoubles) {
+  using namespace std::chrono_literals;
+  PeerBackoff b(10s, 30s);
+  const PeerBackoff::Clock::time_point t0 = PeerBackoff::Clock::now();
+  bool trying = true, other = true;
+  EXPECT_EQ(b.refusal(t0, &trying), "");
+  EXPECT_FALSE(trying);
+  b.timed_out(t0, false);
+  b.timed_out(t0 + 1s, false);  // asked before the freeze too: the same pause, not a doubled one
+  EXPECT_NE(b.refusal(t0 + 10s, &trying).find("asked again in 1.0 s"), std::string::npos);
+  EXPECT_EQ(b.refusal(t0 + 11s, &trying), "");
+  EXPECT_TRUE(trying);
+  EXPECT_NE(b.refusal(t0 + 12s, &other).find("another prompt is trying it"), std::string::npos);
+  b.timed_out(t0 + 21s, true);  // 20 s
+  EXPECT_NE(b.refusal(t0 + 40s, &trying), "");
+  EXPECT_EQ(b.refusal(t0 + 41s, &trying), "");
+  b.timed_out(t0 + 51s, true);  // 30 s, the longest
+  EXPECT_NE(b.refusal(t0 + 80s, &trying), "");
+  EXPECT_EQ(b.refusal(t0 + 81s, &trying), "");
+  EXPECT_TRUE(trying);
+  b.failed(true);  // refused at once, say: nothing paid, the next prompt tries
+  EXPECT_EQ(b.refusal(t0 + 82s, &trying), "");
+  EXPECT_TRUE(trying);
+  b.answered();
+  EXPECT_EQ(b.refusal(t0 + 82s, &trying), "");
+  EXPECT_FALSE(trying);
+  b.timed_out(t0 + 90s, false);  // a new freeze starts from the first pause again
+  EXPECT_NE(b.refusal(t0 + 99s, &trying), "");
+  EXPECT_EQ(b.refusal(t0 + 100s, &trying), "");
+}
+
+// A prefill server that stops answering (SIGSTOP: a wedged host, a long pause) costs the first long
+// prompt the handover timeout and then a local prefill; while it is backed off, later prompts are
+// prefilled here at once without asking it; once it runs again and the back-off has passed, prompts
+// are handed over again.
+TEST(PrefillDecode, AFrozenPrefillServerCostsOneTimeoutThenIsBackedOff) {
+  constexpr int kTimeout = 3;  // long enough for the try after the back-off to be answered on a loaded machine
+  std::vector<std::string> want;
+  double local_s = 0;
+  {
+    ServeProcess single(test::tiny_model_dir(), "");
+    ASSERT_GT(single.port(), 0) << single.first_line();
+    for (const std::string word : {"river", "lake", "sea"}) {
+      const auto [text, s] = timed_chat(single.port(), long_chat(4, false, word));
+      want.push_back(text);
+      local_s = std::max(local_s, s);
+    }
+  }
+  test::TempDir dir;
+  ServeProcess prefill(test::tiny_model_dir(), "--role prefill");
+  ASSERT_GT(prefill.port(), 0) << prefill.first_line();
+  ServeProcess decode(test::tiny_model_dir(), "--role decode --prefill-peer " + handover_address(prefill) +
+                                                  " --handover-timeout " + std::to_string(kTimeout) + " 2>" + dir / "decode.log");
+  ASSERT_GT(decode.port(), 0) << decode.first_line();
+  kill(prefill.pid(), SIGSTOP);
+  std::future<std::pair<std::string, double>> first =
+      std::async(std::launch::async, [&] { return timed_chat(decode.port(), long_chat(4, false, "river")); });
+  if (first.wait_for(std::chrono::seconds(kTimeout + 8)) != std::future_status::ready) {
+    ADD_FAILURE() << "the prompt still waits for the frozen prefill server " << kTimeout + 8 << " s on";
+    kill(prefill.pid(), SIGCONT);
+  }
+  const auto [text, first_s] = first.get();
+  EXPECT_EQ(text, want[0]);
+  EXPECT_GE(first_s, kTimeout - 0.5);
+  EXPECT_LT(first_s, kTimeout + 2 + local_s);
+  // still frozen: the next prompt does not ask it, and pays nothing for it
+  const auto [second, second_s] = timed_chat(decode.port(), long_chat(4, false, "lake"));
+  EXPECT_EQ(second, want[1]);
+  EXPECT_LT(second_s, kTimeout - 1 + local_s);
+  EXPECT_EQ(metric(decode.port(), "dsv41_handovers_total"), 0);
+  EXPECT_EQ(metric(decode.port(), "dsv41_handover_fallbacks_total"), 2);
+  const std::string log = file_text(dir / "decode.log");
+  EXPECT_NE(log.find("timed out"), std::string::npos) << log;
+  EXPECT_NE(log.find("not asked"), std::string::npos) << log;
+  // running again and past the back-off: asked again, and it answers
+  kill(prefill.pid(), SIGCONT);
+  std::this_thread::sleep_for(std::chrono::seconds(kTimeout));
+  EXPECT_EQ(chat_text(decode.port(), long_chat(4, false, "sea")), want[2]);
+  EXPECT_EQ(metric(decode.port(), "dsv41_handovers_total"), 1) << file_text(dir / "decode.log");
+}
+
+// SIGTERM during a freeze: the decode server, whose request waits on the frozen prefill server, stops
+// at once; the prefill server, told while it is stopped, stops as soon as it runs again. A prefill
+// server started again on the same handover port binds it at once (no wait for TIME_WAIT sockets).
+TEST(PrefillDecode, SigtermStopsBothServersDuringAFreezeAndTheHandoverPortIsReusedAtOnce) {
+  std::future<Reply> client;  // destroyed last: its request ends when the decode server does
+  std::optional<ServeProcess> prefill;
+  prefill.emplace(test::tiny_model_dir(), "--role prefill");
+  ASSERT_GT(prefill->port(), 0) << prefill->first_line();
+  const std::string peer = handover_address(*prefill);
+  ServeProcess decode(test::tiny_model_dir(), "--role decode --prefill-peer " + peer);
+  ASSERT_GT(decode.port(), 0) << decode.first_line();
+  EXPECT_EQ(post(decode.port(), "/v1/chat/completions", long_chat(4)).status, 200);  // a handover: a connection came and went
+  EXPECT_EQ(metric(decode.port(), "dsv41_handovers_total"), 1);
+  kill(prefill->pid(), SIGSTOP);
+  client = std::async(std::launch::async, [&] { return post(decode.port(), "/v1/chat/completions", long_chat(4, false, "lake")); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the request waits on the frozen server
+  EXPECT_NE(decode.stop(SIGTERM, 5), -1) << "the decode server did not stop within 5 s of SIGTERM";
+  kill(prefill->pid(), SIGTERM);
+  kill(prefill->pid(), SIGCONT);
+  EXPECT_NE(prefill->wait(5), -1) << "the prefill server did not stop within 5 s of SIGTERM and SIGCONT";
+  prefill.reset();
+  ServeProcess again(test::tiny_model_dir(), "--role prefill --handover-listen " + peer);
+  EXPECT_GT(again.port(), 0) << "a prefill server could not listen on " << peer << " again at once";
+  EXPECT_EQ(handover_address(again), peer);
 }
 
 // A prefill server with other weights hands over state stamped with another fingerprint: refused

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <sstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -32,8 +33,8 @@ test::CommandResult run_mpi(int ranks, const std::string& args) {
   return test::run_shell(mpirun(ranks) + DSV41_BINARY + " " + args + " --expert-parallel");
 }
 
-// The process of rank 0 among mpirun's children (its environment names the rank), or -1.
-pid_t rank_zero_of(pid_t launcher) {
+// The process of `rank` among mpirun's children (its environment names the rank), or -1.
+pid_t rank_of(pid_t launcher, int rank) {
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
     const std::string name = entry.path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
@@ -49,7 +50,7 @@ pid_t rank_zero_of(pid_t launcher) {
     if (parent != launcher) continue;
     std::ifstream env(entry.path() / "environ", std::ios::binary);
     const std::string vars{std::istreambuf_iterator<char>(env), std::istreambuf_iterator<char>()};
-    if (vars.find(std::string("OMPI_COMM_WORLD_RANK=0") + '\0') != std::string::npos) return std::stoi(name);
+    if (vars.find("OMPI_COMM_WORLD_RANK=" + std::to_string(rank) + '\0') != std::string::npos) return std::stoi(name);
   }
   return -1;
 }
@@ -166,10 +167,54 @@ TEST(ExpertParallel, ServeAnswersAsTheSingleServerAndStopsOnSigterm) {
   }
   EXPECT_EQ(text, want);
   // SIGTERM to rank 0 stops the server as it stops alone, and rank 0 ends the job: status 0
-  const pid_t rank0 = rank_zero_of(job.pid());
+  const pid_t rank0 = rank_of(job.pid(), 0);
   ASSERT_GT(rank0, 0);
   kill(rank0, SIGTERM);
   EXPECT_EQ(job.wait(30), 0);
+}
+
+// A rank that stops answering (SIGSTOP: a wedged host) in the middle of serving: the request that
+// waits on it ends with an error naming the rank once --rank-timeout has passed, and the job exits
+// with status 1 and a message naming the rank, instead of every request hanging without bound. With
+// four ranks the others still answer rank 0's pings: only the stopped one is named.
+TEST(ExpertParallel, AStalledRankEndsItsRequestsAndTheJobNamingTheRank) {
+  constexpr int kTimeout = 2;
+  const json body = {{"messages", {{{"role", "user"}, {"content", "Name three rivers."}}}}, {"max_tokens", 8}};
+  for (const auto& [ranks, stopped] : {std::pair{2, 1}, std::pair{4, 2}}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    test::TempDir dir;
+    server::ServeProcess job(test::tiny_model_dir(),
+                             "--expert-parallel --rank-timeout " + std::to_string(kTimeout) + " 2>" + dir / "job.log", mpirun(ranks));
+    ASSERT_GT(job.port(), 0) << job.first_line();
+    ASSERT_EQ(server::post(job.port(), "/v1/chat/completions", body).status, 200);
+    const pid_t rank = rank_of(job.pid(), stopped);
+    ASSERT_GT(rank, 0);
+    kill(rank, SIGSTOP);
+    std::future<server::Reply> reply =
+        std::async(std::launch::async, [&] { return server::post(job.port(), "/v1/chat/completions", body); });
+    if (reply.wait_for(std::chrono::seconds(3 * kTimeout + 10)) != std::future_status::ready) {
+      ADD_FAILURE() << "the request still waits on the stopped rank " << 3 * kTimeout + 10 << " s on";
+      kill(rank, SIGCONT);
+    }
+    const server::Reply r = reply.get();
+    const std::string named = "rank " + std::to_string(stopped) + " did not answer within " + std::to_string(kTimeout) + " s";
+    EXPECT_GE(r.status, 500) << r.raw;
+    EXPECT_NE(r.raw.find(named), std::string::npos) << r.raw;
+    EXPECT_EQ(job.wait(20), 1);
+    const std::string log = file_bytes(dir / "job.log");
+    EXPECT_NE(log.find("dsv41 serve: error: expert parallel: " + named), std::string::npos) << log;
+  }
+}
+
+// --rank-timeout is a number of seconds, and only for an expert-parallel job.
+TEST(ExpertParallel, TheRankTimeoutFlagIsChecked) {
+  const std::string model = "-m '" + test::tiny_model_dir() + "' --prompt-ids 1,2,3 -n 2";
+  const test::CommandResult alone = test::run_dsv41("generate " + model + " --rank-timeout 5");
+  EXPECT_EQ(alone.status, 1);
+  EXPECT_NE(alone.out.find("--rank-timeout: belongs to --expert-parallel"), std::string::npos) << alone.out;
+  const test::CommandResult zero = run_mpi(1, "generate " + model + " --rank-timeout 0");
+  EXPECT_NE(zero.status, 0);
+  EXPECT_NE(zero.out.find("--rank-timeout"), std::string::npos) << zero.out;
 }
 
 // mpirun's own SIGTERM ends every rank of the job at once (Open MPI's handling), none left behind.

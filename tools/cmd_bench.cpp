@@ -729,11 +729,14 @@ int run_bench(int argc, char** argv, MpiJob* job) {
         "                         ram/exact,ram/replay,disk/exact,disk/replay; each prefills the cached history once)\n"
         "  --from-report FILE     with --plot, draws the plot of a saved --json report (FILE) and measures nothing\n"
         "  --ram SIZE             memory budget the model's load follows (default: the available RAM, or the memory\n"
-        "                         cgroup's limit); the plan and the load time are in the report");
+        "                         cgroup's limit); the plan and the load time are in the report\n"
+        "  --rank-timeout S       with --expert-parallel: how long rank 0 waits for another rank's part of one\n"
+        "                         layer's exchange before the job ends with status 1, naming the rank (default 300)");
     return 0;
   }
   Args args("bench", argc, argv, {"--model", "--scenario", "--steps", "--io-threads", "--plot", "--lengths", "--gemm-rows",
-             "--long-prefill", "--long-decode", "--long-cached", "--long-new", "--long-parts", "--long-hits", "--ram", "--image-sizes", "--from-report"}, {"--json", "--expert-parallel"},
+             "--long-prefill", "--long-decode", "--long-cached", "--long-new", "--long-parts", "--long-hits", "--ram", "--image-sizes", "--from-report",
+             "--rank-timeout"}, {"--json", "--expert-parallel"},
             {{"-m", "--model"}});
   // --from-report draws the plot of a saved `--json` report and measures nothing: a run on a large
   // checkpoint is hours, and its plot can be redrawn without repeating it.
@@ -820,7 +823,8 @@ int run_bench(int argc, char** argv, MpiJob* job) {
                        {"cores", backend->threads()}, {"isa", backend->name()}};
   std::shared_ptr<const Model> model;  // loaded once; every scenario's engines share it
   std::shared_ptr<MpiExpertPeers> peers;
-  if (args.has("--expert-parallel")) peers = expert_peers_for(job, dir);
+  const std::chrono::seconds rank_timeout = rank_timeout_flag(args);
+  if (args.has("--expert-parallel")) peers = expert_peers_for(job, dir, rank_timeout);
   auto need_model = [&] {
     if (model) return;
     ModelOptions mo;

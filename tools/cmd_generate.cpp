@@ -62,6 +62,11 @@ constexpr const char* kHelp = R"(usage: dsv41 generate -m DIR (-p TEXT | -f FILE
       --dump-logits FILE     write the float32 logits row of every sampled position:
                              "dsv41-logits v1 vocab=V rows=R\n" then R*V little-endian float32
       --json                 print one JSON object instead of streaming text
+      --expert-parallel      under mpirun -np N: each rank holds 1/N of the routed experts and Engram
+                             rows (docs/distributed.md)
+      --rank-timeout S       with --expert-parallel: how long rank 0 waits for another rank's part of
+                             one layer's exchange before the request fails and the job ends with
+                             status 1, naming the rank that did not answer (default 300)
 )";
 
 std::vector<int32_t> parse_ids(const std::string& flag, const std::string& text) {
@@ -124,7 +129,8 @@ int run_generate(int argc, char** argv, MpiJob* job) {
   }
   Args args("generate", argc, argv,
             {"--model", "--prompt", "--file", "--prompt-ids", "--image", "--n-predict", "--temp", "--top-p", "--seed", "--teacher-ids",
-             "--prefill-mode", "--chunk", "--index-keys", "--dump-logits", "--prompt-cache", "--cache-mode", "--engram", "--ram", "--speculative", "--draft-length", "--oracle-drafts", "--acceptance-guard"},
+             "--prefill-mode", "--chunk", "--index-keys", "--dump-logits", "--prompt-cache", "--cache-mode", "--engram", "--ram", "--speculative", "--draft-length", "--oracle-drafts", "--acceptance-guard",
+             "--rank-timeout"},
             {"--json", "--ignore-eos", "--no-bos", "--expert-parallel"}, {{"-m", "--model"}, {"-p", "--prompt"}, {"-f", "--file"}, {"-n", "--n-predict"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
   const std::string dir = args.required("--model");
@@ -182,7 +188,8 @@ int run_generate(int argc, char** argv, MpiJob* job) {
   eo.ram_bytes = args.get_size("--ram", 0);
   eo.backend = backend_from_environment();
   std::shared_ptr<MpiExpertPeers> peers;
-  if (args.has("--expert-parallel")) eo.expert_peers = peers = expert_peers_for(job, dir);
+  const std::chrono::seconds rank_timeout = rank_timeout_flag(args);
+  if (args.has("--expert-parallel")) eo.expert_peers = peers = expert_peers_for(job, dir, rank_timeout);
   eo.log = [](const std::string& line) { std::fprintf(stderr, "dsv41 generate: warning: %s\n", line.c_str()); };
   Engine engine(eo);
   const ModelConfig& cfg = engine.config();

@@ -1,8 +1,12 @@
 // dsv41 serve: the OpenAI-compatible HTTP server over an Engine, until SIGINT or SIGTERM.
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <future>
 #include <memory>
 #include <fstream>
@@ -83,7 +87,15 @@ constexpr const char* kHelp = R"(usage: dsv41 serve -m DIR [options]
                              HOST:PORT and their state handed over, --handover exact (the window rings
                              too, default) or replay (the last window replayed here); a prefill server
                              that fails is logged and the prompt prefilled here. --handover-timeout S
-                             bounds one handover (default 600)
+                             bounds one handover (default 600); a prefill server that lets one time
+                             out is not asked for as long again (doubling while it stays silent, up
+                             to 10 minutes), its prompts prefilled here at once
+      --expert-parallel      under mpirun -np N: each rank holds 1/N of the routed experts and Engram
+                             rows, rank 0 serves (docs/distributed.md)
+      --rank-timeout S       with --expert-parallel: how long rank 0 waits for another rank's part of
+                             one layer's exchange (default 300, far past a healthy step's). Past it
+                             the requests of that step get a 500 naming the rank that did not answer,
+                             the server stops and the job ends with status 1
       --cors-origins LIST    comma-separated origins web pages may call from ("*": any); default none,
                              and a request with an Origin header not listed is refused (403)
       --log-requests         one line per request on stderr (lines are dropped, and counted in /metrics,
@@ -127,21 +139,31 @@ std::string read_key_file(const std::string& path) {
 }
 
 // A prefill server's answer to a decode server: the prompt prefilled through the engine (with every
-// other request it runs) and its state as prompt-cache entry bytes.
-std::vector<uint8_t> prefill_for_peer(Engine& engine, const std::vector<int32_t>& tokens, CacheMode mode) {
+// other request it runs) and its state as prompt-cache entry bytes. A stop cancels the prefill, so a
+// server told to stop does not first finish a long prompt (perhaps for a decode server long gone).
+std::vector<uint8_t> prefill_for_peer(Engine& engine, const std::vector<int32_t>& tokens, CacheMode mode,
+                                      const std::atomic<bool>& stopping) {
   RequestParams p;
   p.prompt = tokens;
   p.max_tokens = 0;
   p.export_state = mode;
   std::promise<TokenEvent> done;
   std::future<TokenEvent> final_event = done.get_future();
-  engine.submit(std::move(p), [&done](const TokenEvent& e) {
+  const uint64_t id = engine.submit(std::move(p), [&done](const TokenEvent& e) {
     if (e.done) done.set_value(e);
   });
+  while (final_event.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
+    if (stopping) {
+      engine.cancel(id);  // its final event follows within a step
+      break;
+    }
+  }
   const TokenEvent e = final_event.get();
+  if (e.finish_reason == "cancelled") fail("prefill", "cancelled: this server is stopping");
   if (e.finish_reason == "error" || !e.exported_state) fail("prefill", e.error.empty() ? "ended without a state" : e.error);
   return *e.exported_state;
 }
+
 
 }  // namespace
 
@@ -157,7 +179,7 @@ int run_serve(int argc, char** argv, MpiJob* job) {
              "--request-timeout", "--header-timeout", "--body-timeout", "--speculative", "--draft-length",
              "--max-client-connections", "--bodies-in-flight-mb", "--shutdown-grace", "--stall-timeout",
              "--role", "--prefill-peer", "--handover", "--handover-listen", "--handover-timeout", "--max-images",
-             "--max-image-pixels"},
+             "--max-image-pixels", "--rank-timeout"},
             {"--log-requests", "--test-hooks", "--expert-parallel"}, {{"-m", "--model"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
 
@@ -175,7 +197,8 @@ int run_serve(int argc, char** argv, MpiJob* job) {
   eo.prefill_chunk = args.get_int("--prefill-chunk", 256, 1, 1 << 20);
   eo.engram = parse_engram_tier(args.get("--engram", "mmap"));
   eo.ram_bytes = args.get_size("--ram", 0);
-  if (args.has("--expert-parallel")) eo.expert_peers = expert_peers_for(job, eo.model_dir);
+  const std::chrono::seconds rank_timeout = rank_timeout_flag(args);
+  if (args.has("--expert-parallel")) eo.expert_peers = expert_peers_for(job, eo.model_dir, rank_timeout);
   const std::string spec = args.get("--speculative", "off");
   if (spec != "dspark" && spec != "off") fail("--speculative", "must be dspark or off, got \"" + spec + "\"");
   eo.speculative = spec == "dspark" ? SpeculativeMethod::DSpark : SpeculativeMethod::Off;
@@ -187,6 +210,11 @@ int run_serve(int argc, char** argv, MpiJob* job) {
     fail(args.has("--prefill-peer") ? "--prefill-peer" : args.has("--handover") ? "--handover" : "--handover-timeout",
          "belongs to --role decode");
   if (role != "prefill" && args.has("--handover-listen")) fail("--handover-listen", "belongs to --role prefill");
+  // A prefill server started again at once (after a crash, a freeze, a restart) binds its handover
+  // port even while its predecessor's connections sit in TIME_WAIT: UCX's listener asks for
+  // SO_REUSEADDR only when its environment says so (transfer/ucx_link.h), set here before the engine
+  // starts its threads, unless the operator chose otherwise.
+  if (role == "prefill") setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
   if (role == "decode") {
     const UcxAddress peer = parse_ucx_address(args.required("--prefill-peer"), "--prefill-peer");
     eo.handover = parse_cache_mode(args.get("--handover", "exact"));
@@ -252,7 +280,10 @@ int run_serve(int argc, char** argv, MpiJob* job) {
   if (role == "prefill") {
     UcxAddress at = parse_ucx_address(args.get("--handover-listen", so.host + ":0"), "--handover-listen");
     handover = std::make_unique<PrefillListener>(
-        at, [&engine](const std::vector<int32_t>& tokens, CacheMode mode) { return prefill_for_peer(engine, tokens, mode); },
+        at,
+        [&engine](const std::vector<int32_t>& tokens, CacheMode mode, const std::atomic<bool>& stopping) {
+          return prefill_for_peer(engine, tokens, mode, stopping);
+        },
         engine.config().max_seq_len);
     at.port = handover->port();
     role_note = "; prefill role, handover on ucx " + at.text();
@@ -275,12 +306,24 @@ int run_serve(int argc, char** argv, MpiJob* job) {
     sigwait(&stop_signals, &sig);
     server.stop();
   });
+  if (job != nullptr) {
+    // An expert-parallel rank that stops answering fails the scheduler's step that waited on it (its
+    // requests end with the error naming the rank) and the job: the server stops as on SIGTERM (the
+    // step's requests are answered within the shutdown grace), and the command ends with status 1.
+    // The handler runs on the scheduler's thread, inside the step; its signal goes to the process,
+    // whose only taker is the waiter.
+    job->on_failure([](const std::string&) { kill(getpid(), SIGTERM); });
+  }
   server.run();
   // run() returned: by a signal, or because the server failed. Which, is read before the waiter is
   // woken (a no-op signal to it if it already returned is harmless since the signal stays blocked).
   const bool stop_asked = server.stop_requested();
   pthread_kill(waiter.native_handle(), SIGTERM);
   waiter.join();
+  if (job != nullptr && !job->failure().empty()) {
+    std::fprintf(stderr, "dsv41 serve: error: expert parallel: %s\n", job->failure().c_str());
+    return 1;
+  }
   if (!stop_asked) {
     // Not by a signal: a supervisor's restart-on-failure must see a failure.
     std::fprintf(stderr, "dsv41 serve: the server stopped without being asked to\n");

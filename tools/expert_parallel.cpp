@@ -25,6 +25,14 @@ std::string flag_value(int argc, char** argv, const std::string& flag, const std
   return "";
 }
 
+// The other ranks' --rank-timeout: rank 0 checks the flag (and ends the job over a bad one), so a
+// value it would refuse only leaves the default here.
+std::chrono::seconds follower_rank_timeout(const std::string& text) {
+  if (text.empty() || text.size() > 5 || text.find_first_not_of("0123456789") != std::string::npos) return kDefaultRankTimeout;
+  const int64_t seconds = std::stoll(text);
+  return seconds >= 1 ? std::chrono::seconds(seconds) : kDefaultRankTimeout;
+}
+
 }  // namespace
 
 bool wants_expert_parallel(int argc, char** argv) {
@@ -55,6 +63,7 @@ int run_expert_parallel(const std::string& command, int argc, char** argv, int (
       const std::string dir = flag_value(argc, argv, "--model", "-m");
       if (dir.empty()) fail(command, "--model is required");
       const std::string tier = flag_value(argc, argv, "--engram");
+      job.set_rank_timeout(follower_rank_timeout(flag_value(argc, argv, "--rank-timeout")));
       follow_leader(job, dir, backend_from_environment(), parse_engram_tier(tier.empty() ? "mmap" : tier));
     } catch (const Error& e) {
       std::fprintf(stderr, "dsv41 %s (rank %d): error: %s\n", command.c_str(), job.rank(), e.what());
@@ -63,7 +72,10 @@ int run_expert_parallel(const std::string& command, int argc, char** argv, int (
     return 0;
   }
   try {
-    return run(argc, argv, &job);
+    const int status = run(argc, argv, &job);
+    // a rank stopped answering (the command has said so): the job cannot finalize, and ends here
+    if (!job.failure().empty()) job.abort(1);
+    return status;
   } catch (const Error& e) {
     std::fprintf(stderr, "dsv41 %s: error: %s\n", command.c_str(), e.what());
   } catch (const std::exception& e) {
@@ -73,8 +85,14 @@ int run_expert_parallel(const std::string& command, int argc, char** argv, int (
   job.abort(1);
 }
 
-std::shared_ptr<MpiExpertPeers> expert_peers_for(MpiJob* job, const std::string& dir) {
+std::chrono::seconds rank_timeout_flag(const Args& args) {
+  if (args.has("--rank-timeout") && !args.has("--expert-parallel")) fail("--rank-timeout", "belongs to --expert-parallel");
+  return std::chrono::seconds(args.get_int("--rank-timeout", kDefaultRankTimeout.count(), 1, 86400));
+}
+
+std::shared_ptr<MpiExpertPeers> expert_peers_for(MpiJob* job, const std::string& dir, std::chrono::seconds rank_timeout) {
   if (job == nullptr) fail("--expert-parallel", "is handled by the tool's entry point (a bug if seen)");
+  job->set_rank_timeout(rank_timeout);
   return std::make_shared<MpiExpertPeers>(*job, expert_parallel_fingerprint(dir));
 }
 

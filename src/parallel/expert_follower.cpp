@@ -45,7 +45,7 @@ class Follower {
  private:
   void hello(const JobCommand& c) {
     const int64_t match = std::stoull(fingerprint_, nullptr, 16) == static_cast<uint64_t>(c.a) ? 1 : 0;
-    wait_for([&](MPI_Request* r) { return MPI_Igather(&match, 1, MPI_INT64_T, nullptr, 1, MPI_INT64_T, 0, MPI_COMM_WORLD, r); });
+    wait_for(job_, "the greeting's answers", [&](MPI_Request* r) { return MPI_Igather(&match, 1, MPI_INT64_T, nullptr, 1, MPI_INT64_T, 0, MPI_COMM_WORLD, r); });
   }
 
   // One MoE layer: the routing, the rows of this share's tokens, its experts, their outputs back.
@@ -55,8 +55,8 @@ class Follower {
     if (layer < 0 || layer >= static_cast<int>(weights_->layers.size())) fail("expert parallel", "no MoE layer " + std::to_string(layer));
     std::vector<int32_t> experts(static_cast<size_t>(s * k));
     std::vector<float> weights(static_cast<size_t>(s * k));
-    wait_for([&](MPI_Request* r) { return MPI_Ibcast(experts.data(), static_cast<int>(s * k), MPI_INT32_T, 0, MPI_COMM_WORLD, r); });
-    wait_for([&](MPI_Request* r) { return MPI_Ibcast(weights.data(), static_cast<int>(s * k), MPI_FLOAT, 0, MPI_COMM_WORLD, r); });
+    wait_for(job_, "the routing", [&](MPI_Request* r) { return MPI_Ibcast(experts.data(), static_cast<int>(s * k), MPI_INT32_T, 0, MPI_COMM_WORLD, r); });
+    wait_for(job_, "the routing weights", [&](MPI_Request* r) { return MPI_Ibcast(weights.data(), static_cast<int>(s * k), MPI_FLOAT, 0, MPI_COMM_WORLD, r); });
     const int64_t n_experts = config_.routed_experts(layer);
     const MoeDispatch d = be_->moe_dispatch(experts.data(), weights.data(), s, k, n_experts);
     const auto [first, end] = share_.experts(n_experts);
@@ -66,7 +66,7 @@ class Follower {
     std::vector<int> counts(static_cast<size_t>(n), 0), displs(static_cast<size_t>(n), 0);
     counts[0] = static_cast<int>(tokens.size() * static_cast<size_t>(dim));
     uint16_t nothing = 0;
-    wait_for([&](MPI_Request* r) { return MPI_Ialltoallv(&nothing, displs.data(), displs.data(), MPI_UINT16_T, rows.data(), counts.data(), displs.data(),
+    wait_for(job_, "the token rows", [&](MPI_Request* r) { return MPI_Ialltoallv(&nothing, displs.data(), displs.data(), MPI_UINT16_T, rows.data(), counts.data(), displs.data(),
                   MPI_UINT16_T, MPI_COMM_WORLD, r); });
     std::vector<float> x(static_cast<size_t>(s * dim), 0.0f);
     for (size_t i = 0; i < tokens.size(); ++i) bf16_to_floats(&rows[i * static_cast<size_t>(dim)], dim, &x[static_cast<size_t>(tokens[i] * dim)]);
@@ -78,7 +78,7 @@ class Follower {
     floats_to_bf16(&routed[static_cast<size_t>(from * dim)], (to - from) * dim, out.data());
     std::vector<int> send_counts(static_cast<size_t>(n), 0), none(static_cast<size_t>(n), 0);
     send_counts[0] = static_cast<int>((to - from) * dim);
-    wait_for([&](MPI_Request* r) { return MPI_Ialltoallv(out.data(), send_counts.data(), none.data(), MPI_UINT16_T, &nothing, none.data(), none.data(),
+    wait_for(job_, "the expert outputs", [&](MPI_Request* r) { return MPI_Ialltoallv(out.data(), send_counts.data(), none.data(), MPI_UINT16_T, &nothing, none.data(), none.data(),
                   MPI_UINT16_T, MPI_COMM_WORLD, r); });
   }
 
@@ -89,12 +89,12 @@ class Follower {
     EngramStore& table = *weights_->layers[static_cast<size_t>(config_.engram_layer_ids[slot])].engram->table;
     const int64_t n = job_.ranks(), rb = table.row_bytes(), sb = table.scale_bytes();
     int mine = 0;
-    wait_for([&](MPI_Request* r) { return MPI_Iscatter(nullptr, 1, MPI_INT, &mine, 1, MPI_INT, 0, MPI_COMM_WORLD, r); });
+    wait_for(job_, "the Engram id counts", [&](MPI_Request* r) { return MPI_Iscatter(nullptr, 1, MPI_INT, &mine, 1, MPI_INT, 0, MPI_COMM_WORLD, r); });
     std::vector<int64_t> ids(static_cast<size_t>(std::max(1, mine)));
     std::vector<int> counts(static_cast<size_t>(n), 0), none(static_cast<size_t>(n), 0);
     counts[0] = mine;
     int64_t no_id = 0;
-    wait_for([&](MPI_Request* r) { return MPI_Ialltoallv(&no_id, none.data(), none.data(), MPI_INT64_T, ids.data(), counts.data(), none.data(), MPI_INT64_T,
+    wait_for(job_, "the Engram ids", [&](MPI_Request* r) { return MPI_Ialltoallv(&no_id, none.data(), none.data(), MPI_INT64_T, ids.data(), counts.data(), none.data(), MPI_INT64_T,
                   MPI_COMM_WORLD, r); });
     ids.resize(static_cast<size_t>(mine));
     std::vector<uint8_t> codes(ids.size() * static_cast<size_t>(rb)), scales(ids.size() * static_cast<size_t>(sb));
@@ -107,13 +107,13 @@ class Follower {
     std::vector<int> send_counts(static_cast<size_t>(n), 0);
     send_counts[0] = static_cast<int>(ids.size() * static_cast<size_t>(rb + sb));
     uint8_t nothing = 0;
-    wait_for([&](MPI_Request* r) { return MPI_Ialltoallv(back.data(), send_counts.data(), none.data(), MPI_UINT8_T, &nothing, none.data(), none.data(),
+    wait_for(job_, "the Engram rows", [&](MPI_Request* r) { return MPI_Ialltoallv(back.data(), send_counts.data(), none.data(), MPI_UINT8_T, &nothing, none.data(), none.data(),
                   MPI_UINT8_T, MPI_COMM_WORLD, r); });
   }
 
   void report() {
     const uint64_t mine = resident_bytes();
-    wait_for([&](MPI_Request* r) { return MPI_Igather(&mine, 1, MPI_UINT64_T, nullptr, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD, r); });
+    wait_for(job_, "the resident bytes", [&](MPI_Request* r) { return MPI_Igather(&mine, 1, MPI_UINT64_T, nullptr, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD, r); });
   }
 
   MpiJob& job_;

@@ -41,7 +41,7 @@ MpiExpertPeers::MpiExpertPeers(MpiJob& job, const std::string& fingerprint)
   job_.send({JobOp::Hello, static_cast<int64_t>(fingerprint_bits(fingerprint))});
   const int64_t mine = 1;
   std::vector<int64_t> matches(static_cast<size_t>(job_.ranks()));
-  wait_for([&](MPI_Request* r) { return MPI_Igather(&mine, 1, MPI_INT64_T, matches.data(), 1, MPI_INT64_T, 0, MPI_COMM_WORLD, r); });
+  wait_for(job_, "the greeting's answers", [&](MPI_Request* r) { return MPI_Igather(&mine, 1, MPI_INT64_T, matches.data(), 1, MPI_INT64_T, 0, MPI_COMM_WORLD, r); });
   std::string others;
   for (int r = 1; r < job_.ranks(); ++r)
     if (matches[static_cast<size_t>(r)] != 1) others += (others.empty() ? "" : ", ") + std::to_string(r);
@@ -63,14 +63,16 @@ ExchangeStats MpiExpertPeers::stats() const {
 
 void MpiExpertPeers::dispatch(int layer, const float* x, int64_t s, int64_t dim, const int32_t* experts,
                               const float* weights, int64_t k, const MoeDispatch& d) {
-  moe_held_ = std::unique_lock<std::mutex>(exchange_);  // until the combine
+  // Held until the combine; released here if the dispatch fails (a rank that stopped answering), so
+  // that later exchanges fail with the job's failure instead of waiting for this lock.
+  std::unique_lock<std::mutex> held(exchange_);
   const int n = job_.ranks();
   const int64_t n_experts = static_cast<int64_t>(d.offsets.size()) - 1;
   job_.send({JobOp::Moe, layer, s, k});
   // the routing, from which every rank derives the same dispatch
   const int routing = mpi_count(s * k, "a routing");
-  wait_for([&](MPI_Request* r) { return MPI_Ibcast(const_cast<int32_t*>(experts), routing, MPI_INT32_T, 0, MPI_COMM_WORLD, r); });
-  wait_for([&](MPI_Request* r) { return MPI_Ibcast(const_cast<float*>(weights), routing, MPI_FLOAT, 0, MPI_COMM_WORLD, r); });
+  wait_for(job_, "the routing", [&](MPI_Request* r) { return MPI_Ibcast(const_cast<int32_t*>(experts), routing, MPI_INT32_T, 0, MPI_COMM_WORLD, r); });
+  wait_for(job_, "the routing weights", [&](MPI_Request* r) { return MPI_Ibcast(const_cast<float*>(weights), routing, MPI_FLOAT, 0, MPI_COMM_WORLD, r); });
   // to each owner, the rows of the tokens its experts take
   std::vector<uint16_t> rows;
   std::vector<int> send_counts(static_cast<size_t>(n), 0), send_displs(static_cast<size_t>(n), 0), none(static_cast<size_t>(n), 0);
@@ -81,10 +83,11 @@ void MpiExpertPeers::dispatch(int layer, const float* x, int64_t s, int64_t dim,
     send_counts[static_cast<size_t>(r)] = mpi_count(static_cast<int64_t>(rows.size()), "a dispatch") - send_displs[static_cast<size_t>(r)];
   }
   uint16_t nothing = 0;
-  wait_for([&](MPI_Request* r) { return MPI_Ialltoallv(rows.data(), send_counts.data(), send_displs.data(), MPI_UINT16_T, &nothing, none.data(), none.data(),
+  wait_for(job_, "the token rows", [&](MPI_Request* r) { return MPI_Ialltoallv(rows.data(), send_counts.data(), send_displs.data(), MPI_UINT16_T, &nothing, none.data(), none.data(),
                 MPI_UINT16_T, MPI_COMM_WORLD, r); });
   count(static_cast<uint64_t>(n - 1) * (4 * sizeof(int64_t) + static_cast<uint64_t>(routing) * 8) +
         rows.size() * sizeof(uint16_t));
+  moe_held_ = std::move(held);
 }
 
 void MpiExpertPeers::combine(int, const MoeDispatch& d, int64_t dim, float* routed) {
@@ -101,7 +104,7 @@ void MpiExpertPeers::combine(int, const MoeDispatch& d, int64_t dim, float* rout
   // each owner's outputs land at its experts' entries, which are contiguous in dispatch order
   std::vector<uint16_t> outputs(static_cast<size_t>(std::max<int64_t>(1, d.entries() * dim)));
   uint16_t nothing = 0;
-  wait_for([&](MPI_Request* r) { return MPI_Ialltoallv(&nothing, none.data(), none.data(), MPI_UINT16_T, outputs.data(), recv_counts.data(),
+  wait_for(job_, "the expert outputs", [&](MPI_Request* r) { return MPI_Ialltoallv(&nothing, none.data(), none.data(), MPI_UINT16_T, outputs.data(), recv_counts.data(),
                 recv_displs.data(), MPI_UINT16_T, MPI_COMM_WORLD, r); });
   uint64_t received = 0;
   for (int r = 1; r < n; ++r) {
@@ -135,9 +138,9 @@ void MpiExpertPeers::engram_rows(int slot, const std::vector<int64_t>& ids, int6
     flat.insert(flat.end(), wanted[static_cast<size_t>(r)].begin(), wanted[static_cast<size_t>(r)].end());
   }
   int mine = 0;
-  wait_for([&](MPI_Request* r) { return MPI_Iscatter(counts.data(), 1, MPI_INT, &mine, 1, MPI_INT, 0, MPI_COMM_WORLD, r); });
+  wait_for(job_, "the Engram id counts", [&](MPI_Request* r) { return MPI_Iscatter(counts.data(), 1, MPI_INT, &mine, 1, MPI_INT, 0, MPI_COMM_WORLD, r); });
   int64_t no_id = 0;
-  wait_for([&](MPI_Request* r) { return MPI_Ialltoallv(flat.data(), counts.data(), displs.data(), MPI_INT64_T, &no_id, none.data(), none.data(), MPI_INT64_T,
+  wait_for(job_, "the Engram ids", [&](MPI_Request* r) { return MPI_Ialltoallv(flat.data(), counts.data(), displs.data(), MPI_INT64_T, &no_id, none.data(), none.data(), MPI_INT64_T,
                 MPI_COMM_WORLD, r); });
   // the rows back: codes then scales of each row, in the order asked
   const int64_t row = row_bytes + scale_bytes;
@@ -148,7 +151,7 @@ void MpiExpertPeers::engram_rows(int slot, const std::vector<int64_t>& ids, int6
   }
   std::vector<uint8_t> back(std::max<size_t>(1, flat.size() * static_cast<size_t>(row)));
   uint8_t nothing = 0;
-  wait_for([&](MPI_Request* r) { return MPI_Ialltoallv(&nothing, none.data(), none.data(), MPI_UINT8_T, back.data(), back_counts.data(), back_displs.data(),
+  wait_for(job_, "the Engram rows", [&](MPI_Request* r) { return MPI_Ialltoallv(&nothing, none.data(), none.data(), MPI_UINT8_T, back.data(), back_counts.data(), back_displs.data(),
                 MPI_UINT8_T, MPI_COMM_WORLD, r); });
   for (int r = 1; r < n; ++r) {
     const uint8_t* from = &back[static_cast<size_t>(back_displs[static_cast<size_t>(r)])];
@@ -168,7 +171,7 @@ std::vector<uint64_t> MpiExpertPeers::resident_bytes_per_rank() {
   job_.send({JobOp::Report});
   const uint64_t mine = resident_bytes();
   std::vector<uint64_t> all(static_cast<size_t>(job_.ranks()));
-  wait_for([&](MPI_Request* r) { return MPI_Igather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, 0, MPI_COMM_WORLD, r); });
+  wait_for(job_, "the resident bytes", [&](MPI_Request* r) { return MPI_Igather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, 0, MPI_COMM_WORLD, r); });
   return all;
 }
 

@@ -42,8 +42,12 @@ std::vector<double> log_softmax(const std::vector<float>& logits) {
 
 // What a client is told when its request fails while running: the cause in general terms only. The
 // full message, which may name server files (the prompt-cache folder, the model's), goes to the log.
+// An Error of kind Unavailable is written for the client (what the server cannot do now, such as an
+// expert-parallel rank that stopped answering) and reaches it whole.
 std::string client_error(const std::exception& e) {
   if (dynamic_cast<const std::bad_alloc*>(&e)) return "the server ran out of memory while running this request";
+  if (const auto* error = dynamic_cast<const Error*>(&e); error != nullptr && error->kind() == ErrorKind::Unavailable)
+    return error->what();
   return "the engine failed while running this request (the server log has the details)";
 }
 

@@ -1,5 +1,6 @@
 #include "transfer/prefill_link.h"
 
+#include <algorithm>
 #include <future>
 #include <nlohmann/json.hpp>
 
@@ -12,30 +13,52 @@ namespace {
 constexpr uint64_t kMaxRequestBytes = uint64_t{64} << 20;                  // 64 MiB of JSON: ~8M tokens
 constexpr std::chrono::seconds kRequestTimeout{30};                         // a decode server's request
 constexpr std::chrono::seconds kAnswerSendTimeout{600};                     // the state, to a slow reader
+constexpr std::chrono::seconds kLongestBackoff{600};                        // a silent peer, at most
 
 std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
 
 }  // namespace
 
 UcxPrefillPeer::UcxPrefillPeer(UcxAddress peer, uint64_t max_answer_bytes, std::chrono::seconds timeout)
-    : peer_(std::move(peer)), max_answer_bytes_(max_answer_bytes), timeout_(timeout) {}
+    : peer_(std::move(peer)), max_answer_bytes_(max_answer_bytes), timeout_(timeout),
+      backoff_(timeout, std::max(timeout, kLongestBackoff)) {}
 
 std::vector<uint8_t> UcxPrefillPeer::prefill(const std::vector<int32_t>& tokens, CacheMode mode) {
   const std::string what = "the prefill server " + peer_.text();
-  const Deadline deadline = std::chrono::steady_clock::now() + timeout_;
-  UcxWorker worker;
   if (stopping_) fail(what, "not asked: the server is stopping");
+  bool trying = false;
+  const std::string refusal = backoff_.refusal(std::chrono::steady_clock::now(), &trying);
+  if (!refusal.empty()) fail(what, refusal);
+  const Deadline deadline = std::chrono::steady_clock::now() + timeout_;
+  std::vector<uint8_t> answer;
+  try {
+    answer = exchange(tokens, mode, deadline, what);
+  } catch (const Error&) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline && !stopping_) {
+      backoff_.timed_out(now, trying);
+    } else {
+      backoff_.failed(trying);
+    }
+    throw;
+  }
+  backoff_.answered();  // a refusal too: the peer is there
+  if (answer.empty()) fail(what, "answered nothing");
+  if (answer[0] != 0) fail(what, "refused: " + std::string(answer.begin() + 1, answer.end()));
+  answer.erase(answer.begin());
+  return answer;
+}
+
+std::vector<uint8_t> UcxPrefillPeer::exchange(const std::vector<int32_t>& tokens, CacheMode mode, Deadline deadline,
+                                              const std::string& what) {
+  UcxWorker worker;
   const std::unique_ptr<UcxConnection> c = UcxConnection::connect(worker, peer_, &stopping_);
   const nlohmann::json request = {{"protocol", "dsv41-prefill"},
                                   {"version", kPrefillProtocolVersion},
                                   {"mode", cache_mode_name(mode)},
                                   {"tokens", tokens}};
   c->send(bytes_of(request.dump()), deadline, what);
-  std::vector<uint8_t> answer = c->receive(max_answer_bytes_ + 1, deadline, what);
-  if (answer.empty()) fail(what, "answered nothing");
-  if (answer[0] != 0) fail(what, "refused: " + std::string(answer.begin() + 1, answer.end()));
-  answer.erase(answer.begin());
-  return answer;
+  return c->receive(max_answer_bytes_ + 1, deadline, what);
 }
 
 PrefillListener::PrefillListener(const UcxAddress& at, Handler handler, int64_t max_tokens)
@@ -93,7 +116,7 @@ void PrefillListener::serve(UcxListener& listener) {
             fail("request", "holds a token id that is not a non-negative integer");
           tokens.push_back(id.get<int32_t>());
         }
-        const std::vector<uint8_t> entry = handler_(tokens, parse_cache_mode(request.value("mode", "")));
+        const std::vector<uint8_t> entry = handler_(tokens, parse_cache_mode(request.value("mode", "")), stopping_);
         answer.insert(answer.end(), entry.begin(), entry.end());
       } catch (const Error& e) {
         answer = bytes_of(std::string(1, '\1') + e.what());

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "runtime/prefill_peer.h"
+#include "transfer/peer_backoff.h"
 #include "transfer/ucx_link.h"
 
 namespace dsv41 {
@@ -28,26 +29,33 @@ constexpr int kPrefillProtocolVersion = 1;
 class UcxPrefillPeer final : public PrefillPeer {
  public:
   // `max_answer_bytes`: the most a handover may take (the model's whole context of state); `timeout`:
-  // how long one prompt's prefill and transfer may take.
+  // how long one prompt's prefill and transfer may take. A peer that lets a handover time out is not
+  // asked again for a while (transfer/peer_backoff.h: the timeout, doubling while it stays silent,
+  // up to 10 minutes): the prompts meanwhile fail here at once and are prefilled locally.
   UcxPrefillPeer(UcxAddress peer, uint64_t max_answer_bytes, std::chrono::seconds timeout);
   std::vector<uint8_t> prefill(const std::vector<int32_t>& tokens, CacheMode mode) override;
   void stop() override { stopping_ = true; }
 
  private:
+  // One handover: the request sent, the answer's bytes received (status byte first).
+  std::vector<uint8_t> exchange(const std::vector<int32_t>& tokens, CacheMode mode, Deadline deadline, const std::string& what);
   std::atomic<bool> stopping_{false};
   UcxAddress peer_;
   uint64_t max_answer_bytes_;
   std::chrono::seconds timeout_;
+  PeerBackoff backoff_;
 };
 
 // The prefill server's side: a thread that accepts decode servers' requests and answers them one at
-// a time with `handler(tokens, mode)`'s entry bytes (an Error from it goes back as the answer).
+// a time with `handler(tokens, mode, stopping)`'s entry bytes (an Error from it goes back as the
+// answer). `stopping` becomes true when the listener is destroyed: a handler ends its work early then.
 class PrefillListener {
  public:
-  using Handler = std::function<std::vector<uint8_t>(const std::vector<int32_t>& tokens, CacheMode mode)>;
+  using Handler = std::function<std::vector<uint8_t>(const std::vector<int32_t>& tokens, CacheMode mode,
+                                                     const std::atomic<bool>& stopping)>;
   // Error naming the address when it cannot listen. `max_tokens`: the longest prompt accepted.
   PrefillListener(const UcxAddress& at, Handler handler, int64_t max_tokens);
-  ~PrefillListener();  // stops accepting and joins the thread (a request being answered finishes first)
+  ~PrefillListener();  // stops accepting, ends the request being answered, joins the thread
   PrefillListener(const PrefillListener&) = delete;
   PrefillListener& operator=(const PrefillListener&) = delete;
   uint16_t port() const { return port_; }

@@ -29,6 +29,11 @@ struct UcxListener::Pending {
 
 namespace {
 
+// How long a closing endpoint is waited for: a forced close needs no peer; a flush waits for the
+// peer's transport to take the last bytes sent.
+constexpr std::chrono::seconds kForcedCloseWait{1};
+constexpr std::chrono::seconds kFlushCloseWait{5};
+
 std::string status_text(ucs_status_t s) { return ucs_status_string(s); }
 
 sockaddr_storage resolve(const UcxAddress& a, socklen_t* length) {
@@ -130,20 +135,25 @@ std::unique_ptr<UcxConnection> UcxConnection::connect(UcxWorker& worker, const U
   return c;
 }
 
-UcxConnection::~UcxConnection() {
+UcxConnection::~UcxConnection() { close(failed_->failed); }  // flush what was sent, unless nobody listens
+
+void UcxConnection::close(bool force) {
   if (ep_ == nullptr) return;
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = failed_->failed ? UCP_EP_CLOSE_FLAG_FORCE : 0;  // flush what was sent, unless nobody listens
+  p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   void* request = ucp_ep_close_nbx(static_cast<ucp_ep_h>(ep_), &p);
+  ep_ = nullptr;
   if (request == nullptr || UCS_PTR_IS_ERR(request)) return;
-  const Deadline deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  // A forced close ends at once; a flush waits for the peer's transport to take what was sent, which
+  // a frozen peer never does: either is waited for a bounded time (and a flush not past a stop), and
+  // then left to UCX, which finishes or drops it with the worker.
+  const Deadline deadline = std::chrono::steady_clock::now() + (force ? kForcedCloseWait : kFlushCloseWait);
   Backoff backoff;
-  while (ucp_request_check_status(request) == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline) {
-    if (ucp_worker_progress(worker_.handles().worker) == 0) backoff.idle();
+  while (ucp_request_check_status(request) == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline &&
+         (force || cancel_ == nullptr || !*cancel_)) {
+    if (ucp_worker_progress(worker_.handles().worker) == 0) backoff.idle(); else backoff.busy();
   }
-  if (ucp_request_check_status(request) == UCS_INPROGRESS) ucp_request_cancel(worker_.handles().worker, request);
-  while (ucp_request_check_status(request) == UCS_INPROGRESS) ucp_worker_progress(worker_.handles().worker);
   ucp_request_free(request);
 }
 
@@ -166,14 +176,18 @@ void UcxConnection::wait(void* request, Deadline deadline, const std::string& wh
     if (!why.empty()) break;
     if (ucp_worker_progress(worker) == 0) backoff.idle(); else backoff.busy();
   }
-  ucp_request_cancel(worker, request);
-  while (ucp_request_check_status(request) == UCS_INPROGRESS) ucp_worker_progress(worker);
+  // The endpoint is closed by force, which completes every request on it (this one with
+  // UCS_ERR_CANCELED) without the peer. Cancelling the request alone would not do: UCX cancels no
+  // stream operation, so that wait would last as long as the peer stays silent. A cut-off message
+  // leaves the stream unusable anyway.
+  failed_->failed = true;
+  close(true);
   ucp_request_free(request);
-  if (!failed_->failed) failed_->failed = true;  // a cut-off message leaves the stream unusable
   fail(what, why);
 }
 
 void UcxConnection::send(const std::vector<uint8_t>& message, Deadline deadline, const std::string& what) {
+  if (ep_ == nullptr) fail(what, "the connection was closed after a failure");
   const uint64_t length = message.size();
   ucp_request_param_t p{};
   wait(ucp_stream_send_nbx(static_cast<ucp_ep_h>(ep_), &length, sizeof length, &p), deadline, what);
@@ -181,6 +195,7 @@ void UcxConnection::send(const std::vector<uint8_t>& message, Deadline deadline,
 }
 
 std::vector<uint8_t> UcxConnection::receive(uint64_t max_bytes, Deadline deadline, const std::string& what) {
+  if (ep_ == nullptr) fail(what, "the connection was closed after a failure");
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   p.flags = UCP_STREAM_RECV_FLAG_WAITALL;

@@ -2,7 +2,8 @@
 // network, RDMA where there is one): a listener that accepts connections, a connection that sends and
 // receives whole messages. A message is a u64 little-endian length and that many bytes on UCX's
 // stream API; every wait has a deadline, and a peer that goes away fails the wait at once (UCX's peer
-// error handling), so nothing here hangs on a dead or silent peer.
+// error handling). A wait that ends before its operation does (the deadline, a failed peer, a stop)
+// closes the endpoint by force, so nothing here hangs on a dead or silent peer.
 #pragma once
 
 #include <atomic>
@@ -45,7 +46,7 @@ class UcxConnection {
   // ends (with an Error) once `cancel` (if given) becomes true.
   static std::unique_ptr<UcxConnection> connect(UcxWorker& worker, const UcxAddress& to,
                                                 const std::atomic<bool>* cancel = nullptr);
-  ~UcxConnection();  // flushes what was sent, then closes (at once if the peer failed)
+  ~UcxConnection();  // flushes what was sent, then closes (at once if the peer failed); never waits long
   UcxConnection(const UcxConnection&) = delete;
   UcxConnection& operator=(const UcxConnection&) = delete;
 
@@ -60,6 +61,8 @@ class UcxConnection {
   friend class UcxListener;
   UcxConnection(UcxWorker& worker, void* endpoint, const std::atomic<bool>* cancel);
   void wait(void* request, Deadline deadline, const std::string& what);
+  // Closes the endpoint, by force (dropping what is in flight) or after a flush, within a bounded wait.
+  void close(bool force);
   UcxWorker& worker_;
   void* ep_ = nullptr;  // ucp_ep_h
   std::unique_ptr<Failure> failed_;
@@ -69,6 +72,10 @@ class UcxConnection {
 class UcxListener {
  public:
   // Listens on `at` (port 0: any free port, see port()); Error naming the address when it cannot.
+  // UCX's TCP connection manager binds with SO_REUSEADDR only when its environment says
+  // UCX_TCP_CM_REUSEADDR=y (UCX 1.13 takes the setting from nowhere else; `serve --role prefill`
+  // sets it), so that a listener started again at once is not refused its port for a minute while
+  // its predecessor's closed connections sit in TIME_WAIT.
   UcxListener(UcxWorker& worker, const UcxAddress& at);
   ~UcxListener();
   UcxListener(const UcxListener&) = delete;

@@ -1,7 +1,9 @@
 // A bounded soak: one server, a mix of well-behaved and hostile clients for a fixed time (60 s;
 // 20 s under the sanitizers): streamed and plain requests, speculative ones among them, whose greedy
 // answers must equal what each prompt gets alone, clients that abandon streams or plain requests, slow readers, tricklers,
-// malformed and refused requests, and probes of /health and /metrics. It ends with no error on a
+// malformed and refused requests (no Host or two, a bad chunk, HEAD of a POST route), bodies of 20,000
+// keys and of 100,000 values, a client hoarding idle connections past its cap, one that asks for a
+// long stream and reads none of it, and probes of /health and /metrics (GET and HEAD). It ends with no error on a
 // well-formed request, every refused one refused with a 4xx, no leaked pages, and the memory in use
 // within 10% of its size after warm-up (the first quarter): the resident set in Release; under the
 // sanitizers the allocator's live heap, because ASan's quarantine keeps freed blocks resident (up to
@@ -78,6 +80,8 @@ TEST(ServerSoak, MixedClientsLeaveNoErrorsNoLeaksNoGrowth) {
   so.header_timeout = std::chrono::milliseconds(1000);
   so.body_timeout = std::chrono::milliseconds(1000);
   so.max_body_bytes = 256 << 10;
+  so.max_client_connections = 32;   // the hoarder below, from its own address, meets this cap
+  so.stream_buffer_bytes = 64 << 10;  // the client that stops reading meets this one
   LiveServer s(eo, so);
   const double seconds = test::kSanitized ? 20 : 60;
 
@@ -172,7 +176,7 @@ TEST(ServerSoak, MixedClientsLeaveNoErrorsNoLeaksNoGrowth) {
   client([&](std::mt19937& rng) {  // malformed or refused: always a 4xx, never a 5xx or a hang
     static const char* bodies[] = {"{", "[]", R"({"prompt": 5})", R"({"prompt":"x","max_tokens":1e309})",
                                    R"({"prompt":"x","max_tokens":-1})", R"({"messages":[]})", "\xff\xfe"};
-    const int kind = static_cast<int>(rng() % 4);
+    const int kind = static_cast<int>(rng() % 7);
     RawClient c(s.port());
     std::string req;
     if (kind == 0) {
@@ -183,9 +187,16 @@ TEST(ServerSoak, MixedClientsLeaveNoErrorsNoLeaksNoGrowth) {
       req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\n{}";
     } else if (kind == 2) {
       req = "GET /v1/models HTTP/1.1\r\nHost: evil.example\r\n\r\n";
-    } else {
+    } else if (kind == 3) {
       req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             "Content-Length: 1000000\r\n\r\n";
+    } else if (kind == 4) {
+      req = rng() % 2 ? "GET /health HTTP/1.1\r\n\r\n" : "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: 127.0.0.1\r\n\r\n";
+    } else if (kind == 5) {
+      req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\nnot-hex\r\n{}\r\n0\r\n\r\n";
+    } else {
+      req = "HEAD /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
     }
     c.send_bytes(req);
     bool closed = false;
@@ -193,6 +204,33 @@ TEST(ServerSoak, MixedClientsLeaveNoErrorsNoLeaksNoGrowth) {
     if (r.size() < 12 || r[9] != '4') return t.fail("refusal: " + r.substr(0, 120));
     t.add(t.refused);
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  });
+  client([&](std::mt19937& rng) {  // JSON built to be slow to parse, or large: 400, or answered
+    const bool wide = rng() % 2 == 0;
+    std::string body = wide ? R"({"prompt":"x","junk":{)" : R"({"prompt":"Hi","max_tokens":1,"junk":[0)";
+    for (int i = 0; body.size() < (200 << 10); ++i) body += wide ? (i ? ",\"" : "\"") + std::to_string(i) + "\":0" : ",0";
+    body += wide ? "}}" : "]}";
+    const Reply r = request(s.port(), "POST", "/v1/completions", body);
+    if (r.status != (wide ? 400 : 200)) return t.fail("json: status " + std::to_string(r.status) + " " + r.raw.substr(0, 200));
+    t.add(wide ? t.refused : t.ok);
+  });
+  client([&](std::mt19937& rng) {  // holds idle connections from its own address until turned away
+    std::vector<std::unique_ptr<RawClient>> held;
+    for (int i = 0; i < 40; ++i) held.push_back(std::make_unique<RawClient>(s.port(), "127.0.0.5"));
+    bool closed = false;
+    const std::string r = held.back()->read_all(0.5, &closed);  // past the cap and the probe slots
+    if (r.rfind("HTTP/1.1 503", 0) != 0) return t.fail("hoarder: " + r.substr(0, 120));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200 + rng() % 800));
+    t.add(t.refused);
+  });
+  client([&](std::mt19937& rng) {  // asks for a long stream and reads none of it
+    RawClient c(s.port(), nullptr, 4096);
+    const std::string body = json{{"prompt", prompts[rng() % prompts.size()]}, {"max_tokens", 2000}, {"ignore_eos", true},
+                                  {"stream", true}, {"logprobs", 5}}.dump();
+    c.send_bytes("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
+                 std::to_string(body.size()) + "\r\n\r\n" + body);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000 + rng() % 1000));
+    t.add(t.abandoned);
   });
   client([&](std::mt19937&) {  // trickles a head until dropped
     RawClient c(s.port());
@@ -202,8 +240,11 @@ TEST(ServerSoak, MixedClientsLeaveNoErrorsNoLeaksNoGrowth) {
     const auto p0 = Clock::now();
     const Reply h = request(s.port(), "GET", "/health");
     const Reply m = request(s.port(), "GET", "/metrics");
+    bool closed = false;
+    const std::string head = exchange(s.port(), "HEAD /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", &closed);
     const double secs = std::chrono::duration<double>(Clock::now() - p0).count();
     if (h.status != 200 || m.status != 200 || secs > 2.0) return t.fail("probe: " + std::to_string(secs) + " s");
+    if (head.rfind("HTTP/1.1 200", 0) != 0 || head.find("{") != std::string::npos) return t.fail("HEAD probe: " + head);
     t.add(t.probes);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   });

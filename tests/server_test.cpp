@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <mutex>
 #include <random>
 #include <set>
@@ -977,6 +979,113 @@ double metric_value(const std::string& text, const std::string& name) {
   const size_t at = text.find("\n" + name + " ");
   return at == std::string::npos ? -1 : std::stod(text.substr(at + name.size() + 2));
 }
+
+// A process's resident set and its peak, in MB, from /proc.
+std::pair<double, double> resident_and_peak_mb(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  double rss = -1, hwm = -1;
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) rss = std::stod(line.substr(6)) / 1024;
+    if (line.rfind("VmHWM:", 0) == 0) hwm = std::stod(line.substr(6)) / 1024;
+  }
+  return {rss, hwm};
+}
+
+// Under a soft limit of 256 open files (where the default --max-connections 1024 used to exhaust
+// the descriptors, stop accepting for good and exit 0 once the sockets closed): the cap is lowered to
+// what the limit leaves, 1,100 idle sockets are turned away past it, a probe from elsewhere is
+// answered meanwhile, and the server serves on when they close. A cap the limit cannot hold is refused.
+TEST(ServerCommand, OpenFileLimitBoundsTheConnectionsNotTheServer) {
+  rlimit mine{};
+  getrlimit(RLIMIT_NOFILE, &mine);
+  if (mine.rlim_max < 1400) GTEST_SKIP() << "this process may open only " << mine.rlim_max << " files";
+  rlimit raised = mine;
+  raised.rlim_cur = raised.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &raised);
+  {
+    ServeProcess p(test::tiny_model_dir(), "--parallel 2", "prlimit --nofile=256:256");
+    ASSERT_GT(p.port(), 0) << p.first_line();
+    std::vector<std::unique_ptr<RawClient>> idle;
+    for (int i = 0; i < 1100; ++i) idle.push_back(std::make_unique<RawClient>(p.port()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    RawClient probe(p.port(), "127.0.0.2");
+    probe.send_bytes("GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    bool closed = false;
+    const std::string r = probe.read_all(3, &closed);
+    EXPECT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << "a probe while 1,100 sockets are held: " << r;
+    idle.clear();
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    EXPECT_EQ(p.wait(0), -1) << "the server exited";
+    EXPECT_EQ(request(p.port(), "GET", "/health").status, 200);
+    EXPECT_EQ(post(p.port(), "/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 2}}).status, 200);
+    EXPECT_GT(metric_value(request(p.port(), "GET", "/metrics").raw, "dsv41_http_turned_away_total"), 800);
+  }
+  setrlimit(RLIMIT_NOFILE, &mine);
+  const test::CommandResult bad = test::run_shell("prlimit --nofile=256:256 " + std::string(DSV41_BINARY) + " serve -m '" +
+                                                  test::tiny_model_dir() + "' --port 0 --max-connections 2000");
+  EXPECT_EQ(bad.status, 1) << bad.out;
+  EXPECT_NE(bad.out.find("--max-connections: 2000 connections need more file descriptors than the limit of 256"),
+            std::string::npos) << bad.out;
+}
+
+// Large bodies do not stay in the server: twenty-four 8 MiB bodies at once (those of small values
+// several times their size once parsed; beyond the 128 MiB in flight some are turned away with 503)
+// leave the resident set within the workers' arenas of where it was, and its peak bounded.
+TEST(ServerCommand, LargeBodiesGiveTheirMemoryBack) {
+  ServeProcess p(test::tiny_model_dir(), "--parallel 2");
+  ASSERT_GT(p.port(), 0) << p.first_line();
+  const json warm = {{"prompt", "Hi"}, {"max_tokens", 2}};
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(post(p.port(), "/v1/completions", warm).status, 200);
+  // half of them a long string, half an array of small values (each value 16 bytes once parsed)
+  std::string text = R"({"prompt":"x","max_tokens":1,"junk":")" + std::string((size_t{8} << 20) - 64, 'a') + "\"}";
+  std::string values = R"({"prompt":"x","max_tokens":1,"junk":[0)";
+  while (values.size() < (size_t{8} << 20) - 64) values += ",0";
+  values += "]}";
+  const double before = resident_and_peak_mb(p.pid()).first;
+  std::vector<std::future<Reply>> replies;
+  for (int i = 0; i < 24; ++i) {
+    replies.push_back(std::async(std::launch::async, [&, i] {
+      return request(p.port(), "POST", "/v1/completions", i % 3 == 0 ? values : text);
+    }));
+  }
+  int ok = 0, busy = 0;
+  for (auto& f : replies) {
+    const int status = f.get().status;
+    ok += status == 200;
+    busy += status == 503;
+  }
+  EXPECT_EQ(ok + busy, 24);
+  EXPECT_GT(ok, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto [after, peak] = resident_and_peak_mb(p.pid());
+  std::printf("[ memory ] resident %.0f MB before, %.0f MB after 24 bodies of 8 MiB (%d answered, %d turned away), peak %.0f MB\n",
+              before, after, ok, busy, peak);
+  // What stays is at most the top of each of the 4 body workers' malloc arenas (about one body's
+  // worth each), which glibc trims only past its threshold.
+  EXPECT_LT(after, before + 4 * 16 + 16);
+  EXPECT_LT(peak, 1000);
+}
+
+// SIGTERM answers what is in flight before the process exits: a plain request gets its 503, a stream
+// an error event and [DONE].
+TEST(ServerCommand, SigtermAnswersRequestsInFlight) {
+  ServeProcess p(test::tiny_model_dir(), "--parallel 2");
+  ASSERT_GT(p.port(), 0) << p.first_line();
+  const json long_one = {{"prompt", "x"}, {"max_tokens", 3000}, {"ignore_eos", true}};
+  json streamed = long_one;
+  streamed["stream"] = true;
+  auto plain = std::async(std::launch::async, [&] { return post(p.port(), "/v1/completions", long_one); });
+  auto stream = std::async(std::launch::async, [&] { return post_stream(p.port(), "/v1/completions", streamed); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(p.stop(SIGTERM, 20), 0);
+  const Reply r = plain.get();
+  EXPECT_EQ(r.status, 503) << r.raw << r.error;
+  const Stream st = stream.get();
+  EXPECT_TRUE(st.done) << st.raw.substr(st.raw.size() > 300 ? st.raw.size() - 300 : 0);
+  ASSERT_FALSE(st.events.empty());
+  EXPECT_TRUE(st.events.back().contains("error")) << st.events.back();
+}
+
 
 // "speculative": "dspark" through the server: the greedy text of plain decoding, streamed and not,
 // with verifications counted in /metrics under vLLM's names; "off" runs none.

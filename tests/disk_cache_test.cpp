@@ -3,6 +3,7 @@
 #include "state/disk_cache.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <xxhash.h>
 
 #include <chrono>
@@ -218,6 +219,9 @@ TEST(DiskCacheCorruption, MissingFile) {
   ScratchDir dir;
   EXPECT_NE(refusal(dir / "nothing.dsv41kv").find("no such file"), std::string::npos);
   EXPECT_NE(refusal(dir.path()).find("not a regular file"), std::string::npos);
+  // a FIFO carrying the extension is refused at once, not waited on for a writer
+  ASSERT_EQ(::mkfifo((dir / "fifo.dsv41kv").c_str(), 0600), 0);
+  EXPECT_NE(refusal(dir / "fifo.dsv41kv").find("not a regular file"), std::string::npos);
 }
 
 TEST(DiskCacheCorruption, EveryTruncationOfASmallEntry) {

@@ -5,18 +5,17 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <cstdio>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "io/config_keys.h"
 #include "io/engram_layout.h"
 #include "util/error.h"
+#include "util/regular_file.h"
 
 namespace dsv41 {
 
@@ -482,13 +481,10 @@ ModelConfig load_config(const std::string& path) {
   } else if (!fs::exists(path, ec)) {
     fail(path, "no such file or folder");
   }
-  std::ifstream in(file, std::ios::binary);
-  if (!in) fail(file, "cannot be opened for reading");
-  std::stringstream buf;
-  buf << in.rdbuf();
+  const std::string text = read_regular_file(file);  // a FIFO or a folder in its place is refused, not waited on
   json j;
   try {
-    j = json::parse(buf.str());
+    j = json::parse(text);
   } catch (const json::parse_error& e) {
     fail(file, std::string("is not valid JSON: ") + e.what());
   }

@@ -42,7 +42,8 @@ constexpr const char* kHelp = R"(usage: dsv41 serve -m DIR [options]
       --cache-mode M         exact (default) or replay, as in generate
       --cache-ram-mb N       RAM the prefix cache may keep (default 256)
       --ram SIZE             memory budget the model's load follows, e.g. 16G (default: the available RAM, or
-                             the memory cgroup's limit when lower; `dsv41 plan` shows the plan)
+                             the memory cgroup's limit when lower; above that limit it is refused;
+                             `dsv41 plan` shows the plan)
       --prefill-chunk N      prompt tokens one sequence prefills per step (default 256)
       --engram T             mmap (default), ram or pread
       --speculative M        dspark or off (default): speculative decoding for requests that do not
@@ -157,7 +158,7 @@ int run_serve(int argc, char** argv, MpiJob* job) {
   eo.cache_ram_bytes = static_cast<uint64_t>(args.get_int("--cache-ram-mb", 256, 0, int64_t{1} << 24)) << 20;
   eo.prefill_chunk = args.get_int("--prefill-chunk", 256, 1, 1 << 20);
   eo.engram = parse_engram_tier(args.get("--engram", "mmap"));
-  eo.ram_bytes = args.get_size("--ram", 0);
+  eo.ram_bytes = ram_flag(args);
   if (args.has("--expert-parallel")) eo.expert_peers = expert_peers_for(job, eo.model_dir);
   const std::string spec = args.get("--speculative", "off");
   if (spec != "dspark" && spec != "off") fail("--speculative", "must be dspark or off, got \"" + spec + "\"");

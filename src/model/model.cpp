@@ -391,7 +391,9 @@ std::vector<int64_t> Model::engram_history(const std::vector<int32_t>& tokens) c
 
 MemoryPlan plan_model_memory(const ModelConfig& config, const Backend& backend, const ModelOptions& options) {
   MemoryPlanRequest r;
-  r.ram_bytes = options.ram_bytes != 0 ? options.ram_bytes : read_host_memory().budget_bytes();
+  // A budget above the cgroup's limit is refused here, before the load: the kernel would kill the
+  // process at the limit, with nothing logged.
+  r.ram_bytes = read_host_memory().ram_budget(options.ram_bytes);
   r.tile_rows = backend.weight_tile_rows();
   r.kv_bytes = options.kv_bytes;
   r.prompt_cache_bytes = options.prompt_cache_bytes;

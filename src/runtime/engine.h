@@ -40,7 +40,8 @@ struct EngineOptions {
   uint64_t cache_ram_bytes = uint64_t{256} << 20;
   EngramTier engram = EngramTier::Mmap;
   // The memory budget the model's load follows (model/memory_plan.h; `dsv41 plan` shows it): 0, what
-  // the host and its cgroup allow. The prompt cache's RAM is cut to what the plan leaves it.
+  // the host and its cgroup allow; above the cgroup's limit, refused. The prompt cache's RAM is cut
+  // to what the plan leaves it.
   uint64_t ram_bytes = 0;
   std::shared_ptr<const Backend> backend;    // null: the best kernel level, one thread per core
   // A model already loaded from model_dir (tools that run several engines on one model, such as

@@ -58,7 +58,8 @@ constexpr const char* kHelp = R"(usage: dsv41 serve -m DIR [options]
       --body-timeout S       deadline for a whole request body (default 60)
       --thinking on|off      chat template default when a request does not say (default on)
       --max-images N         image parts one chat request may carry (default 8; 0 refuses images)
-      --max-image-pixels N   width x height an image may have, checked before it is decoded (default 41943040)
+      --max-image-pixels N   width x height of all the images of one request together, read from their
+                             headers before any is decoded (default 41943040)
       --default-max-tokens N max_tokens of a request that sets none, capped by the context (default 8192)
       --served-model-name N[,ALIAS...]
                              the model id clients use (default: the model folder's name); further

@@ -142,9 +142,10 @@ struct EngineMetrics {
   uint64_t cache_pages_in_use = 0;  // of those, held by the prefix cache for later requests
   uint64_t kv_bytes_in_use = 0, kv_budget_bytes = 0;
   // The prompt-cache folder (all 0 without one): what it indexes now, files removed to keep its
-  // budget, and stores that did not reach the disk (their requests went on uncached).
+  // budget or to make room on a full disk, stores that did not reach the disk (their requests went on
+  // uncached), and stores that found the disk full (each evicted and tried once more).
   uint64_t prompt_cache_disk_files = 0, prompt_cache_disk_bytes = 0;
-  uint64_t prompt_cache_evictions = 0, prompt_cache_write_failures = 0;
+  uint64_t prompt_cache_evictions = 0, prompt_cache_write_failures = 0, prompt_cache_disk_full = 0;
   // Speculative decoding over all requests (vLLM's spec_decode counters): verifications, drafts
   // verified, drafts accepted, accepted drafts by position in the draft, acceptance-guard pauses.
   uint64_t spec_verify_steps = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0, spec_guard_pauses = 0;

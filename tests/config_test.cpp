@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -114,6 +115,36 @@ TEST(Config, RejectsBrokenConfigsNamingTheProblem) {
   expect_errors(cases);
   EXPECT_EQ(parse_error(released_json()), "");
   EXPECT_NE(parse_error(json::array()).find("must be a JSON object"), std::string::npos);
+}
+
+// The integers that size loops and per-sequence buffers, which no tensor's shape checks, have bounds:
+// generous multiples of the released values, so that a typo or a hostile file is refused at once
+// instead of running for hours (Sinkhorn iterations, the Engram prime search) or allocating without
+// end (window rings, top-k and candidate buffers). Each bound itself is accepted.
+TEST(Config, IntegersThatSizeLoopsAndBuffersAreBounded) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<BrokenCase> cases = {
+      {"sinkhorn", [](json& j) { j["text_config"]["hc_sinkhorn_iters"] = 2147483647; }, "hc_sinkhorn_iters = 2147483647 is above the bound of 1000"},
+      {"hc mult", [](json& j) { j["text_config"]["hc_mult"] = 17; }, "hc_mult = 17 is above the bound of 16"},
+      {"window", [](json& j) { j["text_config"]["sliding_window"] = 8193; }, "window_size = 8193 is above the bound of 8192"},
+      {"context", [](json& j) { j["text_config"]["max_position_embeddings"] = (int64_t{1} << 24) + 1; }, "max_seq_len = 16777217 is above the bound of 16777216"},
+      {"yarn base", [](json& j) { j["text_config"]["rope_scaling"]["original_max_position_embeddings"] = int64_t{1} << 62; }, "original_seq_len = 4611686018427387904 is above the bound of 16777216"},
+      {"topk", [](json& j) { j["text_config"]["index_topk"] = 65537; }, "index_topk = 65537 is above the bound of 65536"},
+      {"pool", [](json& j) { j["text_config"]["candidate_topk_blocks"] = 1 << 20; }, "candidate pool (candidate_topk_blocks × candidate_block_size) = 8388608 is above the bound of 1048576"},
+      {"ngram", [](json& j) { j["text_config"]["engram_max_ngram_size"] = 2147483647; }, "engram_max_ngram_size = 2147483647 is above the bound of 16"},
+      {"engram heads", [](json& j) { j["text_config"]["engram_n_heads"] = 2147483647; }, "engram_n_heads = 2147483647 is above the bound of 64"},
+      {"engram vocab", [](json& j) { j["text_config"]["engram_vocab_size"] = int64_t{1} << 62; }, "engram_vocab_size = 4611686018427387904 is above the bound of 4294967296"},
+      {"image tokens", [](json& j) { j["vision_config"] = {{"num_hidden_layers", 1}, {"max_image_tokens", 16385}}; }, "max_image_tokens = 16385 is above the bound of 16384"},
+  };
+  expect_errors(cases);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
+  json j = released_json();
+  j["text_config"]["hc_sinkhorn_iters"] = 1000;
+  j["text_config"]["hc_mult"] = 16;
+  j["text_config"]["sliding_window"] = 8192;
+  j["text_config"]["index_topk"] = 65536;
+  j["text_config"]["candidate_topk_blocks"] = 131072;  // × 8 = 1,048,576
+  EXPECT_EQ(parse_error(j), "");
 }
 
 TEST(Config, KeysThatChangeTheMathUnimplementedAreErrorsNamingThem) {

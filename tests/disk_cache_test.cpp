@@ -3,8 +3,10 @@
 #include "state/disk_cache.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <xxhash.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -17,6 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/safetensors_writer.h"
+#include "state/cache_folder.h"
 #include "util/error.h"
 
 namespace dsv41 {
@@ -218,6 +222,9 @@ TEST(DiskCacheCorruption, MissingFile) {
   ScratchDir dir;
   EXPECT_NE(refusal(dir / "nothing.dsv41kv").find("no such file"), std::string::npos);
   EXPECT_NE(refusal(dir.path()).find("not a regular file"), std::string::npos);
+  // a FIFO carrying the extension is refused at once, not waited on for a writer
+  ASSERT_EQ(::mkfifo((dir / "fifo.dsv41kv").c_str(), 0600), 0);
+  EXPECT_NE(refusal(dir / "fifo.dsv41kv").find("not a regular file"), std::string::npos);
 }
 
 TEST(DiskCacheCorruption, EveryTruncationOfASmallEntry) {
@@ -490,6 +497,86 @@ TEST(DiskCacheName, StableAndDistinct) {
                                  cache_file_name("ab", "c", tokens),
                                  cache_file_name("a", "bc", tokens)};
   EXPECT_EQ(names.size(), 9u);
+}
+
+// ---- the folder on a full disk --------------------------------------------------------------------
+
+// A file system of `capacity` bytes under the prompt-cache folder: a write that would take what the
+// folder holds past it fails as a full disk does (ENOSPC) and leaves nothing behind.
+CacheFolder::Writer small_disk(const std::string& dir, uint64_t capacity, int* writes) {
+  return [dir, capacity, writes](const std::string& path, const std::vector<uint8_t>& bytes) {
+    ++*writes;
+    uint64_t used = 0;
+    for (const auto& e : fs::directory_iterator(dir)) used += e.is_regular_file() && e.path() != path ? e.file_size() : 0;
+    if (used + bytes.size() > capacity) throw FileWriteError(path, "cannot write its temporary file", ENOSPC);
+    write_file_atomic(path, bytes.data(), bytes.size());
+  };
+}
+
+CacheEntry entry_for(int32_t first_token) {
+  CacheEntry e = small_entry();
+  e.tokens[0] = first_token;
+  return e;
+}
+
+std::string name_for(int32_t first_token) { return cache_file_name(kFp, "exact", entry_for(first_token).tokens); }
+
+// A store that finds the disk full removes the least recently used entries (not the budget's doing:
+// the budget is far away) and tries once more; the request that stored it never sees an error.
+TEST(CacheFolderDiskFull, EvictsTheLeastRecentlyUsedAndRetriesOnce) {
+  ScratchDir dir;
+  std::vector<std::string> log;
+  int writes = 0;
+  const uint64_t one = encode_cache_entry(entry_for(1), "x").size();
+  CacheFolder folder(dir.path(), kFp, "exact", uint64_t{1} << 30, [&](const std::string& l) { log.push_back(l); },
+                     small_disk(dir.path(), 2 * one + one / 2, &writes));
+  EXPECT_EQ(folder.store(entry_for(1)), one);
+  EXPECT_EQ(folder.store(entry_for(2)), one);
+  ASSERT_TRUE(folder.read(name_for(1)).has_value());  // 1 is now used more recently than 2
+  writes = 0;
+  EXPECT_EQ(folder.store(entry_for(3)), one);
+  EXPECT_EQ(writes, 2);
+  EXPECT_EQ(folder.items().count(name_for(1)), 1u);
+  EXPECT_EQ(folder.items().count(name_for(2)), 0u);
+  EXPECT_EQ(folder.items().count(name_for(3)), 1u);
+  EXPECT_FALSE(fs::exists(dir / name_for(2)));
+  const CacheFolder::Stats st = folder.stats();
+  EXPECT_EQ(st.disk_full, 1u);
+  EXPECT_EQ(st.evictions, 1u);
+  EXPECT_EQ(st.write_failures, 0u);
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_NE(log[0].find(dir.path() + ": the disk is full"), std::string::npos) << log[0];
+  EXPECT_NE(log[0].find("removed 1 least recently used prompt-cache entries"), std::string::npos) << log[0];
+}
+
+// When the retry fails too, the entry is given up with one warning and counted; later stores that fit
+// work again. Nothing is retried when there is nothing to evict.
+TEST(CacheFolderDiskFull, AnEntryThatStillDoesNotFitIsSkippedNeverAnError) {
+  ScratchDir dir;
+  std::vector<std::string> log;
+  int writes = 0;
+  const uint64_t one = encode_cache_entry(entry_for(1), "x").size();
+  CacheFolder folder(dir.path(), kFp, "exact", uint64_t{1} << 30, [&](const std::string& l) { log.push_back(l); },
+                     small_disk(dir.path(), one + one / 2, &writes));
+  EXPECT_EQ(folder.store(entry_for(1)), one);
+  CacheEntry big = entry_for(9);
+  big.sections[0].bytes = filled(2 * one, 3);
+  writes = 0;
+  EXPECT_EQ(folder.store(big), 0u);
+  EXPECT_EQ(writes, 2);  // evicted entry 1, tried again, gave up
+  EXPECT_TRUE(folder.items().empty());
+  writes = 0;
+  EXPECT_EQ(folder.store(big), 0u);
+  EXPECT_EQ(writes, 1);  // nothing left to evict: no second try
+  const CacheFolder::Stats st = folder.stats();
+  EXPECT_EQ(st.disk_full, 2u);
+  EXPECT_EQ(st.write_failures, 2u);
+  std::string all;
+  for (const std::string& l : log) all += l + "\n";
+  EXPECT_NE(all.find("No space left on device"), std::string::npos) << all;
+  EXPECT_NE(all.find(name_for(9).substr(0, 8)), std::string::npos) << all;  // the entry given up is named
+  EXPECT_EQ(folder.store(entry_for(2)), one);
+  EXPECT_NE(log.back().find("writes work again"), std::string::npos) << all;
 }
 
 }  // namespace

@@ -27,6 +27,8 @@
 #include "image/image_plan.h"
 #include "image/image_preprocess.h"
 #include "image/pillow_resample.h"
+#include "io/vision_config.h"
+#include "runtime/image_prepare.h"
 #include "test_util.h"
 #include "util/error.h"
 
@@ -633,6 +635,22 @@ TEST(ImageDecodeErrors, DecompressionBombsAreRefusedFromTheHeader) {
   EXPECT_TRUE(contains(error_of([&] { decode_image(jbomb, {}); }), "60000x60000 pixels is over the limit"));
   // A zero size in the header.
   EXPECT_TRUE(contains(error_of([&] { decode_image(png_claiming(0, 10), {}); }), "0x10"));
+}
+
+// The grid is planned from the header's size before any pixel is decoded: an image whose aspect no
+// plan can carry (here under a config with one patch per LLM position) is refused from its header,
+// though nothing but the header follows it.
+TEST(ImagePrepare, TheGridIsPlannedFromTheHeaderBeforeAnyPixelIsDecoded) {
+  VisionConfig v;
+  v.n_layers = 1;
+  v.image_token_id = 5;
+  v.downsample_ratio = 1;
+  v.max_image_tokens = 48;
+  v.min_pixels = 1;
+  const std::string e = error_of([&] { prepare_image(png_claiming(15, 331), v, {}, "part 2"); });
+  EXPECT_TRUE(contains(e, "part 2: image 15x331: the planned pixel size is empty (aspect ratio too extreme)")) << e;
+  // a size the plan takes goes on to the decoder, which finds the pixels missing
+  EXPECT_TRUE(contains(error_of([&] { prepare_image(png_claiming(16, 300), v, {}, "part 2"); }), "PNG")) << e;
 }
 
 TEST(ImageDecodeErrors, EncodedSizeLimit) {

@@ -1,9 +1,9 @@
 // Capped equals uncapped: `dsv41 generate` inside a memory cgroup whose limit is well below the
 // checkpoint's size (and no --ram: the plan's default budget is the cgroup's limit) computes the
 // uncapped run's greedy tokens and logits bit for bit, with its peak resident set under the limit.
-// (The same run told --ram 8G instead is killed by the kernel at the limit.) The checkpoint's pages are dropped
-// from the page cache first, so the capped run reads them itself and they are charged to its cgroup.
-// Needs root and a writable memory cgroup hierarchy (v1 or v2); skips with a message elsewhere.
+// The checkpoint's pages are dropped from the page cache first, so the capped run reads them itself and
+// they are charged to its cgroup. And --ram above the cgroup's limit is refused at start by every command
+// that loads. Needs root and a writable memory cgroup hierarchy (v1 or v2); skips with a message elsewhere.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -172,6 +172,28 @@ TEST(MemoryCap, CappedRunEqualsUncappedBitForBit) {
   std::printf("[memory-cap] checkpoint %.1f MiB, limit %.0f MiB, capped peak RSS %.1f MiB (a whole tiny-preset run: "
               "%.1f MiB)\n",
               static_cast<double>(checkpoint) / kMiB, static_cast<double>(kLimit) / kMiB, capped_peak, allowance);
+}
+
+// --ram above the memory cgroup's limit is refused before the load, naming both numbers, by every
+// command that loads a model: the kernel would kill the process at the limit with nothing logged.
+// `plan` still plans for the budget named (it may be for another machine) and says so.
+TEST(MemoryCap, RamAboveTheCgroupLimitIsRefusedNamingBoth) {
+  constexpr uint64_t kLimit = 96 * kMiB;
+  MemoryCgroup cgroup(kLimit);
+  if (!cgroup.ok()) GTEST_SKIP() << "cannot make a memory cgroup here: " << cgroup.why();
+  const std::string in_group = "echo $$ > " + cgroup.path() + "/cgroup.procs && exec timeout 60 " + std::string(DSV41_BINARY) + " ";
+  const std::string m = " -m " + test::tiny_model_dir() + " --ram 8G";
+  for (const std::string& command : {"generate" + m + " -p hi -n 1", "ppl" + m + " -f " + test::source_dir() + "/README.md --ctx 16",
+                                     "serve" + m + " --port 0", "bench" + m + " --scenario decode", "chat" + m + " < /dev/null"}) {
+    SCOPED_TRACE(command);
+    const test::CommandResult r = test::run_shell(in_group + command);
+    EXPECT_EQ(r.status, 1) << r.out;
+    EXPECT_NE(r.out.find("--ram: 8589934592 bytes (8.00 GiB) is above the memory cgroup's limit of 100663296 bytes (96.00 MiB"), std::string::npos) << r.out;
+  }
+  const test::CommandResult plan = test::run_shell(in_group + "plan" + m);
+  EXPECT_EQ(plan.status, 0) << plan.out;
+  EXPECT_NE(plan.out.find("is above the memory cgroup's limit"), std::string::npos) << plan.out;
+  EXPECT_EQ(cgroup.oom_kills(), 0);
 }
 
 }  // namespace

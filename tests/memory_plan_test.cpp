@@ -3,6 +3,8 @@
 // refusal before loading, sizes and host limits as read, and the `plan` command.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -184,6 +186,54 @@ TEST(HostMemory, SizesAsUsersWriteThem) {
   EXPECT_GT(host.total_bytes, 0u);
   EXPECT_GT(host.budget_bytes(), 0u);
   EXPECT_LE(host.budget_bytes(), host.total_bytes);
+}
+
+// The detection reads the smallest memory limit along this process's cgroup path (v1 and v2), here
+// from files a test writes; a --ram above it is refused naming both numbers and the cgroup, one at or
+// below it is the budget, and without one the budget is the lower of the limit and the available RAM.
+TEST(HostMemory, ReadsTheCgroupLimitAndRefusesRamAboveIt) {
+  test::TempDir dir;
+  const auto put = [&](const std::string& rel, const std::string& text) {
+    std::filesystem::create_directories(std::filesystem::path(dir / rel).parent_path());
+    std::ofstream(dir / rel) << text;
+  };
+  put("meminfo", "MemTotal:       16777216 kB\nMemFree:  1 kB\nMemAvailable:    8388608 kB\n");
+  put("v1-cgroup", "5:cpu:/\n4:memory:/jobs/one\n0::/\n");
+  put("v1/jobs/memory.limit_in_bytes", std::to_string(3 * kGiB) + "\n");
+  put("v1/jobs/one/memory.limit_in_bytes", "9223372036854771712\n");  // v1's "no limit"
+  put("v2-cgroup", "0::/svc/app\n");
+  put("v2/svc/memory.max", "max\n");
+  put("v2/svc/app/memory.max", std::to_string(2 * kGiB) + "\n");
+  HostMemoryFiles files{dir / "meminfo", dir / "v1-cgroup", dir / "v1", dir / "v2"};
+
+  const HostMemory v1 = read_host_memory(files);
+  EXPECT_EQ(v1.total_bytes, 16 * kGiB);
+  EXPECT_EQ(v1.available_bytes, 8 * kGiB);
+  EXPECT_EQ(v1.cgroup_limit_bytes, 3 * kGiB);
+  EXPECT_EQ(v1.cgroup, dir / "v1/jobs");
+  files.self_cgroup = dir / "v2-cgroup";
+  const HostMemory v2 = read_host_memory(files);
+  EXPECT_EQ(v2.cgroup_limit_bytes, 2 * kGiB);
+  EXPECT_EQ(v2.cgroup, dir / "v2/svc/app");
+
+  EXPECT_EQ(v2.ram_budget(0), 2 * kGiB);
+  EXPECT_EQ(v2.ram_budget(2 * kGiB), 2 * kGiB);
+  EXPECT_EQ(v2.ram_budget(kGiB), kGiB);
+  EXPECT_EQ(v2.ram_refusal(2 * kGiB), "");
+  try {
+    v2.ram_budget(2 * kGiB + 1);
+    ADD_FAILURE() << "a budget above the cgroup's limit was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.where(), "--ram");
+    EXPECT_NE(std::string(e.what()).find("--ram: 2147483649 bytes (2.00 GiB) is above the memory cgroup's limit of "
+                                         "2147483648 bytes (2.00 GiB, " + dir / "v2/svc/app" + ")"),
+              std::string::npos) << e.what();
+  }
+  files.self_cgroup = dir / "nothing";  // no cgroup file: no limit, any budget goes
+  const HostMemory free = read_host_memory(files);
+  EXPECT_EQ(free.cgroup_limit_bytes, 0u);
+  EXPECT_EQ(free.ram_budget(64 * kGiB), 64 * kGiB);
+  EXPECT_EQ(free.ram_budget(0), 8 * kGiB);
 }
 
 TEST(CliPlan, PlansAFolderOrAConfigAndRefusesWhatDoesNotFit) {

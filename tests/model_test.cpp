@@ -2,11 +2,19 @@
 // pieces not covered by the kernel tests (candidate blocks, Engram hashes) against slow formulations.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <random>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "kernels/reference.h"
 #include "model/attention.h"
@@ -202,6 +210,64 @@ TEST(ModelErrors, BadTokensAndContextOverflowAreRefused) {
   EXPECT_EQ(st.length(), 0);  // a refused call leaves the state untouched
   std::vector<int32_t> too_long(static_cast<size_t>(m.config().max_seq_len + 1), 3);
   EXPECT_THROW(m.forward(st, too_long, {}), Error);
+}
+
+// A FIFO, a folder or a device where the loader expects a file (the config, the tokenizer, the shard
+// index, a shard) is refused with an error naming the file, at once: opening a FIFO for reading would
+// otherwise wait for a writer forever. A helper opens the FIFO for writing after a few seconds, so a
+// loader that does wait fails this test instead of hanging it.
+TEST(ModelErrors, AFifoFolderOrDeviceInPlaceOfAModelFileIsRefusedNotWaitedOn) {
+  namespace fs = std::filesystem;
+  std::string shard;
+  for (const auto& e : fs::directory_iterator(test::tiny_model_dir())) {
+    if (e.path().extension() == ".safetensors") shard = e.path().filename().string();
+  }
+  ASSERT_FALSE(shard.empty());
+  struct Case {
+    std::string file, kind;
+  };
+  const std::vector<Case> cases = {{"config.json", "FIFO"},
+                                   {"tokenizer.json", "FIFO"},
+                                   {"model.safetensors.index.json", "FIFO"},
+                                   {shard, "FIFO"},
+                                   {"config.json", "directory"},
+                                   {shard, "directory"},
+                                   {"tokenizer.json", "character device"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.file + " as a " + c.kind);
+    test::TempDir dir;
+    fs::copy(test::tiny_model_dir(), dir.path(), fs::copy_options::recursive);
+    const std::string path = dir / c.file;
+    fs::remove(path);
+    if (c.kind == "FIFO") {
+      ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+    }
+    if (c.kind == "directory") fs::create_directory(path);
+    if (c.kind == "character device") fs::create_symlink("/dev/null", path);
+    std::atomic<bool> done{false}, released{false};
+    std::thread writer([&] {
+      const auto start = std::chrono::steady_clock::now();
+      while (!done) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (c.kind != "FIFO" || std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) continue;
+        const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK);  // succeeds only while a reader waits
+        if (fd >= 0) {
+          released = true;
+          ::close(fd);
+        }
+      }
+    });
+    std::string message;
+    try {
+      load_model(dir.path());
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    done = true;
+    writer.join();
+    EXPECT_FALSE(released) << "the loader waited on the FIFO until a writer came";
+    EXPECT_NE(message.find(path + ": is a " + c.kind + ", not a regular file"), std::string::npos) << message;
+  }
 }
 
 // The opaque state's public face: its length, the pages of its global rows (and clear errors for a

@@ -486,6 +486,7 @@ TEST(ServerResponse, MetricsAreValidPrometheusText) {
   m.kv_pages_in_use = 7;
   m.prompt_cache_write_failures = 3;
   m.prompt_cache_disk_bytes = 4096;
+  m.prompt_cache_disk_full = 2;
   HttpCounters h;
   h.responses_5xx = 1;
   const std::string text = render_metrics(m, h);
@@ -495,6 +496,7 @@ TEST(ServerResponse, MetricsAreValidPrometheusText) {
   EXPECT_NE(text.find("# TYPE dsv41_requests_running gauge\n"), std::string::npos);
   EXPECT_NE(text.find("\ndsv41_prompt_cache_write_failures_total 3\n"), std::string::npos);
   EXPECT_NE(text.find("\ndsv41_prompt_cache_disk_bytes 4096\n"), std::string::npos);
+  EXPECT_NE(text.find("\ndsv41_prompt_cache_disk_full_total 2\n"), std::string::npos);
 
   // histograms: cumulative buckets ending in +Inf, with sum and count
   h.time_to_first_token.observe(0.003);

@@ -140,6 +140,27 @@ TEST(ServerVision, BadImagesAre400sAndTheServerGoesOn) {
   EXPECT_EQ(ok.status, 200) << ok.raw;
 }
 
+// --max-image-pixels bounds the pixels of all images of one request together, from their headers and
+// before any is decoded: eight images of the cap each would otherwise cost eight times the cap.
+TEST(ServerVision, ThePixelCapIsPerRequestNotPerImage) {
+  const std::string png = ring_png();  // 400 x 300
+  ServerOptions so;
+  so.images.decode.max_pixels = 2 * 400 * 300;
+  LiveServer s(vision_options(), so);
+  const Reply two = post(s.port(), "/v1/chat/completions", chat_with(json::array({image_part(png_url(png)), image_part(png_url(png))})));
+  EXPECT_EQ(two.status, 200) << two.raw;
+  const json three = json::array({image_part(png_url(png)), image_part(png_url(png)), image_part(png_url(png))});
+  const Reply r = post(s.port(), "/v1/chat/completions", chat_with(three));
+  EXPECT_EQ(r.status, 400) << r.raw;
+  EXPECT_NE(r.raw.find("360000 pixels in all, over the limit of 240000 pixels per request"), std::string::npos) << r.raw;
+  // a header-only image counts from its header: the total is refused before anything is decoded
+  const json bombs = json::array({image_part(png_url(png)), image_part(png_url(png_header_claiming(400, 300))),
+                                  image_part(png_url(png_header_claiming(400, 300)))});
+  const Reply b = post(s.port(), "/v1/chat/completions", chat_with(bombs));
+  EXPECT_EQ(b.status, 400) << b.raw;
+  EXPECT_NE(b.raw.find("over the limit of 240000 pixels per request"), std::string::npos) << b.raw;
+}
+
 TEST(ServerVision, AModelWithoutATowerRefusesImages) {
   LiveServer s(tiny_engine_options());
   const Reply r = post(s.port(), "/v1/chat/completions", chat_with(json::array({image_part(png_url(ring_png()))})));

@@ -102,6 +102,12 @@ double Args::get_number(const std::string& flag, double fallback) const {
   return v;
 }
 
+uint64_t ram_flag(const Args& args) {
+  const uint64_t asked = args.get_size("--ram", 0);
+  if (asked != 0) read_host_memory().ram_budget(asked);
+  return asked;
+}
+
 nlohmann::json read_json_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) fail(path, "cannot be opened");

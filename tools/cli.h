@@ -40,6 +40,11 @@ class Args {
   std::vector<std::string> positional_;
 };
 
+// --ram SIZE as a load's budget (0 when not given), refused at once when it is above this machine's
+// memory cgroup limit (util/host_memory.h), before the command does any work: the kernel would kill
+// the process at that limit. The load checks the same again.
+uint64_t ram_flag(const Args& args);
+
 // A JSON file the user named: Error "<path>: cannot be opened" or "<path>: is not valid JSON: ...".
 nlohmann::json read_json_file(const std::string& path);
 

@@ -729,7 +729,8 @@ int run_bench(int argc, char** argv, MpiJob* job) {
         "                         ram/exact,ram/replay,disk/exact,disk/replay; each prefills the cached history once)\n"
         "  --from-report FILE     with --plot, draws the plot of a saved --json report (FILE) and measures nothing\n"
         "  --ram SIZE             memory budget the model's load follows (default: the available RAM, or the memory\n"
-        "                         cgroup's limit); the plan and the load time are in the report\n"
+        "                         cgroup's limit; above that limit it is refused); the plan and the load time are\n"
+        "                         in the report\n"
         "  --rank-timeout S       with --expert-parallel: how long rank 0 waits for another rank's part of one\n"
         "                         layer's exchange before the job ends with status 1, naming the rank (default 300)");
     return 0;
@@ -756,7 +757,7 @@ int run_bench(int argc, char** argv, MpiJob* job) {
   const std::string scenarios = args.get("--scenario", "gemm,cold-prefill,prefix-hit,decode,concurrency");
   const int steps = static_cast<int>(args.get_int("--steps", 0, 1, 10000000));
   const int io_threads = static_cast<int>(args.get_int("--io-threads", 4, 1, 256));
-  const uint64_t ram_bytes = args.get_size("--ram", 0);
+  const uint64_t ram_bytes = ram_flag(args);
   const std::vector<int64_t> lengths = count_list(args, "--lengths", "128,512,2048", 2);
   const std::vector<int64_t> gemm_rows = count_list(args, "--gemm-rows", "1,16,64,256,1024", 1);
   const auto image_sizes = size_list(args, "--image-sizes", "256x256,1024x768,2048x2048");

@@ -38,7 +38,8 @@ constexpr const char* kHelp = R"(usage: dsv41 chat -m DIR [options]
       --system TEXT      a system prompt for the conversation
       --ignore-eos       keep writing past the end-of-sequence token (for measuring)
       --ram SIZE         memory budget the model's load follows, e.g. 16G (default: the available RAM, or the
-                         memory cgroup's limit when lower; `dsv41 plan` shows the plan)
+                         memory cgroup's limit when lower; above that limit it is refused; `dsv41 plan`
+                         shows the plan)
 
 At the prompt: a line is your message; /reset starts a new conversation; /think on|off turns
 reasoning on or off; /exit or Ctrl-D leaves. Ctrl-C stops the answer being written.
@@ -92,7 +93,7 @@ int run_chat(int argc, char** argv) {
   EngineOptions eo;
   eo.model_dir = args.required("--model");
   eo.parallel = 1;
-  eo.ram_bytes = args.get_size("--ram", 0);
+  eo.ram_bytes = ram_flag(args);
   eo.backend = backend_from_environment();
   Engine engine(eo);
   const bool tty = isatty(fileno(stdin)) != 0;

@@ -54,7 +54,8 @@ constexpr const char* kHelp = R"(usage: dsv41 generate -m DIR (-p TEXT | -f FILE
       --engram T             where the Engram tables are read from: mmap (default), ram (loaded into
                              memory) or pread (rows read from the file by I/O threads, fetched ahead)
       --ram SIZE             memory budget the model's load follows, e.g. 16G (default: the available RAM, or
-                             the memory cgroup's limit when lower; `dsv41 plan` shows the plan)
+                             the memory cgroup's limit when lower; above that limit it is refused;
+                             `dsv41 plan` shows the plan)
       --prompt-cache DIR     keep prompt prefixes' state in DIR and reuse it in later runs
       --cache-mode M         exact (windows kept: bit-identical restore, default) or replay (only
                              global KV kept; the last window tokens are re-run on a hit)
@@ -185,7 +186,7 @@ int run_generate(int argc, char** argv, MpiJob* job) {
   eo.prompt_cache_dir = args.get("--prompt-cache", "");
   eo.cache_mode = parse_cache_mode(args.get("--cache-mode", "exact"));
   eo.engram = parse_engram_tier(args.get("--engram", "mmap"));
-  eo.ram_bytes = args.get_size("--ram", 0);
+  eo.ram_bytes = ram_flag(args);
   eo.backend = backend_from_environment();
   std::shared_ptr<MpiExpertPeers> peers;
   const std::chrono::seconds rank_timeout = rank_timeout_flag(args);

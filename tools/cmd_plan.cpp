@@ -30,7 +30,8 @@ when it loads (--ram on generate, serve, bench, ppl and chat).
 
   -m, --model PATH       a model folder or its config.json
       --ram SIZE         the budget, e.g. 64G or 512M (default: the available RAM, or the memory cgroup's limit
-                         when lower)
+                         when lower); one above this machine's cgroup limit is planned with a warning, since
+                         a load here refuses it
       --parallel N       sequences running at once, as serve (default 4)
       --kv-budget-mb N   KV pages for running sequences, as serve (default 1024)
       --cache-ram-mb N   prompt-cache RAM asked for, as serve (default 256)
@@ -81,7 +82,10 @@ int run_plan(int argc, char** argv) {
   const double gbps = args.get_number("--disk-gbps", 2);
   if (!(gbps > 0 && gbps < 1e4)) fail("--disk-gbps", "must be a positive bandwidth in GB/s");
   r.disk_bytes_per_s = gbps * 1e9;
-  const MemoryPlan plan = plan_memory(config, r);
+  MemoryPlan plan = plan_memory(config, r);
+  // The plan is for the budget named, which may be another machine's; a load here would refuse it.
+  const std::string refusal = host.ram_refusal(r.ram_bytes);
+  if (!refusal.empty()) plan.warnings.push_back("--ram " + refusal + "; a load on this machine refuses this budget");
   std::vector<ParallelProjection> jobs;
   if (args.has("--ranks")) {
     const int64_t prompt = args.get_int("--prompt-tokens", 131072, 1, int64_t{1} << 40);

@@ -46,7 +46,8 @@ constexpr const char* kHelp = R"(usage: dsv41 ppl -m DIR -f FILE [options]
       --parallel N       chunks run at once (default 4)
       --json             print one JSON object instead of the running figures
       --ram SIZE         memory budget the model's load follows, e.g. 16G (default: the available RAM, or the
-                         memory cgroup's limit when lower; `dsv41 plan` shows the plan)
+                         memory cgroup's limit when lower; above that limit it is refused; `dsv41 plan`
+                         shows the plan)
 )";
 
 struct Chunk {
@@ -101,7 +102,7 @@ int run_ppl(int argc, char** argv) {
     eo.cache_ram_bytes = uint64_t{1} << 40;  // every window's context stays until it is restored
     eo.cache_mode = parse_cache_mode(restore);
   }
-  eo.ram_bytes = args.get_size("--ram", 0);
+  eo.ram_bytes = ram_flag(args);
   eo.backend = backend_from_environment();
   eo.log = [](const std::string& line) { std::fprintf(stderr, "dsv41 ppl: warning: %s\n", line.c_str()); };
   Engine engine(eo);

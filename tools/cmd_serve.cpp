@@ -48,7 +48,8 @@ constexpr const char* kHelp = R"(usage: dsv41 serve -m DIR [options]
       --cache-mode M         exact (default) or replay, as in generate
       --cache-ram-mb N       RAM the prefix cache may keep (default 256)
       --ram SIZE             memory budget the model's load follows, e.g. 16G (default: the available RAM, or
-                             the memory cgroup's limit when lower; `dsv41 plan` shows the plan)
+                             the memory cgroup's limit when lower; above that limit it is refused;
+                             `dsv41 plan` shows the plan)
       --prefill-chunk N      prompt tokens one sequence prefills per step (default 256)
       --engram T             mmap (default), ram or pread
       --speculative M        dspark or off (default): speculative decoding for requests that do not
@@ -73,7 +74,8 @@ constexpr const char* kHelp = R"(usage: dsv41 serve -m DIR [options]
       --body-timeout S       deadline for a whole request body (default 60)
       --thinking on|off      chat template default when a request does not say (default on)
       --max-images N         image parts one chat request may carry (default 8; 0 refuses images)
-      --max-image-pixels N   width x height an image may have, checked before it is decoded (default 41943040)
+      --max-image-pixels N   width x height of all the images of one request together, read from their
+                             headers before any is decoded (default 41943040)
       --default-max-tokens N max_tokens of a request that sets none, capped by the context (default 8192)
       --served-model-name N[,ALIAS...]
                              the model id clients use (default: the model folder's name); further
@@ -196,7 +198,7 @@ int run_serve(int argc, char** argv, MpiJob* job) {
   eo.cache_ram_bytes = static_cast<uint64_t>(args.get_int("--cache-ram-mb", 256, 0, int64_t{1} << 24)) << 20;
   eo.prefill_chunk = args.get_int("--prefill-chunk", 256, 1, 1 << 20);
   eo.engram = parse_engram_tier(args.get("--engram", "mmap"));
-  eo.ram_bytes = args.get_size("--ram", 0);
+  eo.ram_bytes = ram_flag(args);
   const std::chrono::seconds rank_timeout = rank_timeout_flag(args);
   if (args.has("--expert-parallel")) eo.expert_peers = expert_peers_for(job, eo.model_dir, rank_timeout);
   const std::string spec = args.get("--speculative", "off");

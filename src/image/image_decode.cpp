@@ -83,7 +83,7 @@ ImageHeader probe_image(std::span<const uint8_t> bytes, const std::string& where
   fail(where, "unsupported image format: not PNG or JPEG (the data starts with " + hex_prefix(bytes) + ")");
 }
 
-RgbImage decode_image(std::span<const uint8_t> bytes, const ImageDecodeLimits& limits, const std::string& where) {
+ImageHeader check_image_header(std::span<const uint8_t> bytes, const ImageDecodeLimits& limits, const std::string& where) {
   if (bytes.size() > limits.max_encoded_bytes)
     fail(where, "image data of " + std::to_string(bytes.size()) + " bytes is over the limit of " +
                     std::to_string(limits.max_encoded_bytes) + " bytes");
@@ -95,6 +95,11 @@ RgbImage decode_image(std::span<const uint8_t> bytes, const ImageDecodeLimits& l
   if (static_cast<uint64_t>(h.width) * static_cast<uint64_t>(h.height) > limits.max_pixels)
     fail(where, "image of " + std::to_string(h.width) + "x" + std::to_string(h.height) +
                     " pixels is over the limit of " + std::to_string(limits.max_pixels) + " pixels");
+  return h;
+}
+
+RgbImage decode_image(std::span<const uint8_t> bytes, const ImageDecodeLimits& limits, const std::string& where) {
+  const ImageHeader h = check_image_header(bytes, limits, where);
   return h.format == ImageFormat::Png ? image_detail::decode_png(bytes, limits.max_pixels, where)
                                       : image_detail::decode_jpeg(bytes, limits.max_pixels, where);
 }

@@ -29,6 +29,12 @@ struct ImageHeader {
 // decoding. Fails on anything that is not a readable PNG or JPEG header.
 ImageHeader probe_image(std::span<const uint8_t> bytes, const std::string& where = "image");
 
+// The header of an image a caller is about to decode, with `limits` checked on it: the encoded size,
+// a readable PNG or JPEG header, a positive size and at most limits.max_pixels. Nothing is decoded, so
+// a caller can plan from the size (and refuse it) before any pixel exists.
+ImageHeader check_image_header(std::span<const uint8_t> bytes, const ImageDecodeLimits& limits,
+                               const std::string& where = "image");
+
 // The image as Pillow's convert("RGB") gives it: alpha dropped (not composited), grey replicated,
 // palettes looked up, 16-bit samples reduced as Pillow does; EXIF orientation not applied. `where`
 // names the input in error messages (a request field, a file).

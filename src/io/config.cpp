@@ -5,18 +5,17 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <cstdio>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "io/config_keys.h"
 #include "io/engram_layout.h"
 #include "util/error.h"
+#include "util/regular_file.h"
 
 namespace dsv41 {
 
@@ -224,9 +223,10 @@ ModelConfig parse_config(const json& root, const std::string& where) {
   }
   // The flat file may omit the context limit (the reference then uses a 4096 runtime default); the
   // model's own limit is the YaRN-extended length, which is what HF's max_position_embeddings says.
-  int64_t yarn_len = c.original_seq_len > 0 ? static_cast<int64_t>(static_cast<double>(c.original_seq_len) *
-                                                                    std::max(1.0, c.rope_factor))
-                                            : 0;
+  // (Left 0 when the product is out of range, which validate_config then reports as too long a
+  // context or a rope_factor that is not finite, rather than converting it into an int64_t.)
+  const double yarn = static_cast<double>(c.original_seq_len) * std::max(1.0, c.rope_factor);
+  const int64_t yarn_len = c.original_seq_len > 0 && yarn < 0x1p62 ? static_cast<int64_t>(yarn) : 0;
   c.max_seq_len = r.integer<int64_t>({"max_position_embeddings", "max_seq_len"},
                                      yarn_len > 0 ? yarn_len : int64_t{4096});
 
@@ -296,10 +296,47 @@ std::string list_str(const std::vector<int>& v) {
   return s + "]";
 }
 
+// Bounds on the integers that size loops and per-sequence buffers which no tensor's shape checks: a
+// generous multiple of the released value (model-spec §1.1, in the comments), so that a typo or a
+// hostile file is refused at load instead of running for hours or allocating without end.
+struct IntegerBound {
+  const char* key;
+  int64_t max;
+};
+constexpr IntegerBound kSinkhornIters{"hc_sinkhorn_iters", 1000};  // 20: Sinkhorn steps per mHC mix, per token and layer
+constexpr IntegerBound kHcMult{"hc_mult", 16};                     // 4: residual streams; mixes are hc x hc
+constexpr IntegerBound kWindow{"window_size", 8192};              // 128: every sequence's window ring, per layer
+constexpr IntegerBound kContext{"max_seq_len", int64_t{1} << 24};  // 1,048,576: positions (and original_seq_len)
+constexpr IntegerBound kIndexTopk{"index_topk", 65536};           // 512: selected positions per query
+constexpr IntegerBound kCandidatePool{"candidate pool (candidate_topk_blocks × candidate_block_size)",
+                                      int64_t{1} << 20};          // 2048 × 8 = 16,384 candidates per query
+constexpr IntegerBound kEngramNgram{"engram_max_ngram_size", 16};  // 4: n-gram orders hashed per token
+constexpr IntegerBound kEngramHeads{"engram_n_heads", 64};         // 8: primes searched per order and layer
+constexpr IntegerBound kEngramVocab{"engram_vocab_size", int64_t{1} << 32};  // 16,000,000: where the prime search starts
+
+void check_bound(const std::string& where, const IntegerBound& b, int64_t v) {
+  if (v > b.max) {
+    fail(where, std::string(b.key) + " = " + std::to_string(v) + " is above the bound of " + std::to_string(b.max) +
+                    " this engine accepts");
+  }
+}
+
 }  // namespace
 
 void validate_config(const ModelConfig& c) {
   const std::string& w = c.source;
+  // The bounds first: the checks below loop over some of these values (the Engram prime search).
+  check_bound(w, kSinkhornIters, c.hc_sinkhorn_iters);
+  check_bound(w, kHcMult, c.hc_mult);
+  check_bound(w, kWindow, c.window_size);
+  check_bound(w, kContext, c.max_seq_len);
+  check_bound(w, {"original_seq_len", kContext.max}, c.original_seq_len);
+  check_bound(w, kIndexTopk, c.index_topk);
+  check_bound(w, kCandidatePool, int64_t{c.candidate_topk_blocks} * c.candidate_block_size);
+  check_bound(w, kEngramNgram, c.engram_max_ngram_size);
+  check_bound(w, kEngramHeads, c.engram_n_heads);
+  check_bound(w, kEngramVocab, c.engram_vocab_size);
+  if (!std::isfinite(c.rope_factor)) fail(w, "rope_factor must be a finite number");
   auto positive = [&](const char* key, int64_t v) {
     if (v <= 0) fail(w, std::string(key) + " must be positive, got " + std::to_string(v));
   };
@@ -482,13 +519,10 @@ ModelConfig load_config(const std::string& path) {
   } else if (!fs::exists(path, ec)) {
     fail(path, "no such file or folder");
   }
-  std::ifstream in(file, std::ios::binary);
-  if (!in) fail(file, "cannot be opened for reading");
-  std::stringstream buf;
-  buf << in.rdbuf();
+  const std::string text = read_regular_file(file);  // a FIFO or a folder in its place is refused, not waited on
   json j;
   try {
-    j = json::parse(buf.str());
+    j = json::parse(text);
   } catch (const json::parse_error& e) {
     fail(file, std::string("is not valid JSON: ") + e.what());
   }

@@ -111,7 +111,9 @@ struct ModelConfig {
 ModelConfig load_config(const std::string& path);
 // Same from parsed JSON; `where` names the source in errors.
 ModelConfig parse_config(const nlohmann::json& json, const std::string& where);
-// Every structural rule the engine relies on (lengths, ranges, source lists, divisibility).
+// Every structural rule the engine relies on (lengths, ranges, source lists, divisibility), and an
+// upper bound, a generous multiple of the released value, on each integer that sizes a loop or a
+// per-sequence buffer without a tensor's shape to check it (config.cpp lists them).
 void validate_config(const ModelConfig& config);
 // The config as the flat inference/config.json object (what make-tiny writes beside the HF file).
 nlohmann::json config_to_inference_json(const ModelConfig& config);

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "util/error.h"
+#include "util/regular_file.h"
 
 namespace dsv41 {
 
@@ -81,12 +82,6 @@ void will_need_rows(const uint8_t* base, int64_t stride, const std::vector<int64
     run_hi = hi;
   }
   if (run_hi != 0) (void)::madvise(reinterpret_cast<void*>(run_lo), run_hi - run_lo, MADV_WILLNEED);
-}
-
-int open_read_only(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, "cannot open: " + errno_text(errno));
-  return fd;
 }
 
 // The file must still hold the whole tensor when the store is built; later truncation shows up as a
@@ -277,7 +272,7 @@ EngramStore::EngramStore(const TensorView& table, const TensorView& scale, Engra
       // cache once copied so that a 98 GB table does not sit in memory twice.
       // (Only the held rows: the share of an expert-parallel rank.)
       auto load = [&s](const TensorView& view, int64_t row_len, std::unique_ptr<uint8_t[]>& out) {
-        const int fd = open_read_only(*view.file);
+        const int fd = open_regular_file(*view.file);
         struct Closer {
           int fd;
           ~Closer() { ::close(fd); }
@@ -310,8 +305,8 @@ EngramStore::EngramStore(const TensorView& table, const TensorView& scale, Engra
       s.scale_file = *scale.file;
       s.table_offset = table.file_offset;
       s.scale_offset = scale.file_offset;
-      s.table_fd = open_read_only(s.table_file);
-      s.scale_fd = s.scale_file == s.table_file ? s.table_fd : open_read_only(s.scale_file);
+      s.table_fd = open_regular_file(s.table_file);
+      s.scale_fd = s.scale_file == s.table_file ? s.table_fd : open_regular_file(s.scale_file);
       check_file_holds(s.table_fd, table);
       check_file_holds(s.scale_fd, scale);
       // Same reason as MADV_RANDOM above: no readahead around 256-byte reads. (Linux applies this to

@@ -11,13 +11,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <new>
-#include <fstream>
-#include <sstream>
 #include <system_error>
 
 #include <nlohmann/json.hpp>
 
 #include "util/error.h"
+#include "util/regular_file.h"
 
 namespace dsv41 {
 
@@ -43,12 +42,10 @@ struct FdGuard {
 }  // namespace
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, "cannot open: " + errno_text(errno));
+  const int fd = open_regular_file(path);  // a FIFO, folder or device is refused, never waited on
   FdGuard guard{fd};
   struct stat st {};
   if (::fstat(fd, &st) != 0) fail(path, "cannot stat: " + errno_text(errno));
-  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
   size_ = static_cast<size_t>(st.st_size);
   if (size_ == 0) return;  // mmap rejects length 0; callers see an empty file and report it
   // MAP_PRIVATE + PROT_READ: the checkpoint is never written through the mapping. The mapping stays
@@ -90,13 +87,10 @@ namespace {
 
 // weight_map of a model.safetensors.index.json: tensor name -> shard file name.
 std::map<std::string, std::string> read_weight_map(const std::string& index) {
-  std::ifstream in(index, std::ios::binary);
-  if (!in) fail(index, "cannot open: " + errno_text(errno));
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = read_regular_file(index);
   json root;
   try {
-    root = json::parse(text.str());
+    root = json::parse(text);
   } catch (const json::exception& e) {
     fail(index, std::string("bad JSON: ") + e.what());
   }
@@ -223,9 +217,7 @@ std::string Checkpoint::fingerprint() const {
     uint8_t bytes[32];
     auto it = fds.find(*view.file);
     if (it == fds.end()) {
-      const int fd = ::open(view.file->c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) fail(*view.file, "cannot open: " + errno_text(errno));
-      it = fds.emplace(*view.file, fd).first;
+      it = fds.emplace(*view.file, open_regular_file(*view.file)).first;
     }
     if (::pread(it->second, bytes, n, static_cast<off_t>(view.file_offset + offset)) != static_cast<ssize_t>(n)) {
       fail(*view.file, "cannot read tensor " + view.name() + ": " + errno_text(errno));

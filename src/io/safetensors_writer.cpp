@@ -68,12 +68,12 @@ struct TempFile {
 
 void fsync_dir(const std::string& dir, const std::string& path) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) fail(path, "cannot open folder " + dir + " to sync it: " + errno_text(errno));
+  if (fd < 0) throw FileWriteError(path, "cannot open folder " + dir + " to sync it", errno);
   // Some filesystems cannot sync a directory (EINVAL); the rename has happened either way.
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
-  if (rc != 0 && err != EINVAL) fail(path, "cannot sync folder " + dir + ": " + errno_text(err));
+  if (rc != 0 && err != EINVAL) throw FileWriteError(path, "cannot sync folder " + dir, err);
 }
 
 // Writes `chunks` back to back into `path` atomically: a reader sees either the old file or the
@@ -90,13 +90,15 @@ void write_chunks_atomic(const std::string& path, const std::vector<Chunk>& chun
   if (tmp.fd >= 0) ::fchmod(tmp.fd, 0644);  // mkstemp creates 0600; the file replaces one readable as usual
   if (tmp.fd < 0) {
     tmp.renamed = true;  // nothing was created, so there is nothing to remove
-    fail(path, "cannot create temporary file " + tmp.path + ": " + errno_text(errno));
+    throw FileWriteError(path, "cannot create temporary file " + tmp.path, errno);
   }
   off_t end = 0;
   for (const Chunk& c : chunks) {
     end += static_cast<off_t>(c.size);
     if (c.data == nullptr) {
-      if (::lseek(tmp.fd, static_cast<off_t>(c.size), SEEK_CUR) < 0) fail(path, "cannot seek in " + tmp.path + ": " + errno_text(errno));
+      if (::lseek(tmp.fd, static_cast<off_t>(c.size), SEEK_CUR) < 0) {
+        throw FileWriteError(path, "cannot seek in " + tmp.path, errno);
+      }
       continue;
     }
     const char* p = static_cast<const char*>(c.data);
@@ -104,18 +106,18 @@ void write_chunks_atomic(const std::string& path, const std::vector<Chunk>& chun
     while (left > 0) {
       const ssize_t n = ::write(tmp.fd, p, left);
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0) fail(path, "cannot write " + tmp.path + ": " + errno_text(errno));
+      if (n < 0) throw FileWriteError(path, "cannot write " + tmp.path, errno);
       p += n;
       left -= static_cast<size_t>(n);
     }
   }
   // A trailing hole: the file ends where the data does.
-  if (::ftruncate(tmp.fd, end) != 0) fail(path, "cannot size " + tmp.path + ": " + errno_text(errno));
-  if (::fsync(tmp.fd) != 0) fail(path, "cannot sync " + tmp.path + ": " + errno_text(errno));
+  if (::ftruncate(tmp.fd, end) != 0) throw FileWriteError(path, "cannot size " + tmp.path, errno);
+  if (::fsync(tmp.fd) != 0) throw FileWriteError(path, "cannot sync " + tmp.path, errno);
   const int fd = std::exchange(tmp.fd, -1);
-  if (::close(fd) != 0) fail(path, "cannot close " + tmp.path + ": " + errno_text(errno));
+  if (::close(fd) != 0) throw FileWriteError(path, "cannot close " + tmp.path, errno);
   if (::rename(tmp.path.c_str(), path.c_str()) != 0) {
-    fail(path, "cannot rename " + tmp.path + " into place: " + errno_text(errno));
+    throw FileWriteError(path, "cannot rename " + tmp.path + " into place", errno);
   }
   tmp.renamed = true;
   fsync_dir(dir, path);  // makes the rename itself durable
@@ -128,6 +130,11 @@ std::string shard_name(size_t k, size_t n) {
 }
 
 }  // namespace
+
+FileWriteError::FileWriteError(const std::string& path, const std::string& what, int error_number)
+    : Error(ErrorKind::InvalidInput, path, what + ": " + errno_text(error_number)), error_number_(error_number) {}
+
+bool FileWriteError::out_of_space() const { return error_number_ == ENOSPC || error_number_ == EDQUOT; }
 
 void write_file_atomic(const std::string& path, const void* data, size_t size) {
   write_chunks_atomic(path, {{data, size}});

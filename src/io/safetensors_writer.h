@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "io/safetensors_header.h"
+#include "util/error.h"
 
 namespace dsv41 {
 
@@ -51,7 +52,21 @@ class ShardedWriter {
   bool finished_ = false;
 };
 
+// What the atomic writes throw when the system refuses a step: an Error naming the file, with the
+// errno, so that a caller can tell a full disk (which freeing space may cure) from the rest.
+class FileWriteError : public Error {
+ public:
+  FileWriteError(const std::string& path, const std::string& what, int error_number);
+  int error_number() const { return error_number_; }
+  // No space left on the file system (ENOSPC) or the quota spent (EDQUOT).
+  bool out_of_space() const;
+
+ private:
+  int error_number_;
+};
+
 // Atomic whole-file write of text or bytes: temp file in the same folder, fsync, rename, fsync folder.
+// A step the system refuses throws FileWriteError, and the temporary file is removed.
 void write_file_atomic(const std::string& path, const void* data, size_t size);
 
 }  // namespace dsv41

@@ -98,6 +98,13 @@ VisionConfig parse_vision_config(const json& root, const std::string& where) {
                 "of the lanes to each of rows and columns, in rotate-half pairs");
   }
   if (v.max_image_tokens < 5) fail(where, "max_image_tokens must be at least 5 (the smallest span)");
+  // The plan shrinks no image below this span, and the tower's attention is quadratic in it: 16 times
+  // the released 1024 bounds what one image may cost.
+  constexpr int64_t kMaxImageTokens = 16384;
+  if (v.max_image_tokens > kMaxImageTokens) {
+    fail(where, "max_image_tokens = " + std::to_string(v.max_image_tokens) + " is above the bound of " +
+                    std::to_string(kMaxImageTokens) + " this engine accepts");
+  }
   if (!(v.rope_theta > 1) || !std::isfinite(v.rope_theta)) fail(where, "the vision rope_theta must exceed 1");
   if (v.max_wh_ratio < 0 || !std::isfinite(v.max_wh_ratio)) fail(where, "max_wh_ratio must be positive or null");
   if (v.image_token_id < 0) fail(where, "a vision tower needs \"image_token_id\" (the image placeholder)");

@@ -13,6 +13,7 @@
 
 #include "kernels/packed_weights.h"
 #include "util/error.h"
+#include "util/regular_file.h"
 
 namespace dsv41 {
 
@@ -81,9 +82,7 @@ ExpertCache::ExpertCache(const ModelWeights& weights, std::shared_ptr<const Back
     }
   }
   for (const std::string& f : files_) {
-    const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) fail(f, "cannot open for the expert cache: " + std::generic_category().message(errno));
-    fds_.push_back(fd);
+    fds_.push_back(open_regular_file(f));
     direct_fds_.push_back(::open(f.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT));  // -1 where not allowed
   }
   stats_.capacity_bytes = capacity_;

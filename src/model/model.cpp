@@ -1,7 +1,6 @@
 #include "model/model.h"
 
 #include <algorithm>
-#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -11,6 +10,7 @@
 #include "numeric/row_codecs.h"
 #include "state/sequence_access.h"
 #include "util/error.h"
+#include "util/regular_file.h"
 #include "util/host_memory.h"
 
 namespace dsv41 {
@@ -391,7 +391,9 @@ std::vector<int64_t> Model::engram_history(const std::vector<int32_t>& tokens) c
 
 MemoryPlan plan_model_memory(const ModelConfig& config, const Backend& backend, const ModelOptions& options) {
   MemoryPlanRequest r;
-  r.ram_bytes = options.ram_bytes != 0 ? options.ram_bytes : read_host_memory().budget_bytes();
+  // A budget above the cgroup's limit is refused here, before the load: the kernel would kill the
+  // process at the limit, with nothing logged.
+  r.ram_bytes = read_host_memory().ram_budget(options.ram_bytes);
   r.tile_rows = backend.weight_tile_rows();
   r.kv_bytes = options.kv_bytes;
   r.prompt_cache_bytes = options.prompt_cache_bytes;
@@ -408,11 +410,9 @@ std::unique_ptr<Model> load_model(const std::string& dir, const ModelOptions& op
   require_plan_fits(plan, dir);
   // The tokenizer before the weights: a wrong one is refused before a long load.
   const std::string tok_path = dir + "/tokenizer.json";
-  std::ifstream in(tok_path, std::ios::binary);
-  if (!in) fail(tok_path, "cannot be opened (the Engram token map is built from it)");
   nlohmann::json tok;
   try {
-    tok = nlohmann::json::parse(in);
+    tok = nlohmann::json::parse(read_regular_file(tok_path));
   } catch (const nlohmann::json::exception& e) {
     fail(tok_path, std::string("is not valid JSON: ") + e.what());
   }

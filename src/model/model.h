@@ -134,6 +134,7 @@ struct ModelOptions {
   std::shared_ptr<const Backend> backend;  // null: make_backend() with its defaults
   EngramTier engram = EngramTier::Mmap;
   // The memory budget the load follows (model/memory_plan.h); 0: what the host and its cgroup allow.
+  // Above the memory cgroup's limit it is refused (an Error naming --ram and both numbers).
   uint64_t ram_bytes = 0;
   // What the runtime will hold beside the weights, for the plan: KV pages, the prompt cache's RAM
   // (granted up to this), prompt tokens per forward call.

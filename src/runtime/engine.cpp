@@ -727,6 +727,7 @@ void Engine::Impl::loop() {
     stats.prompt_cache_disk_bytes = disk.bytes;
     stats.prompt_cache_evictions = disk.evictions;
     stats.prompt_cache_write_failures = disk.write_failures;
+    stats.prompt_cache_disk_full = disk.disk_full;
   }
   // shutting down: everyone still here is told
   for (auto& r : running) {

@@ -40,7 +40,8 @@ struct EngineOptions {
   uint64_t cache_ram_bytes = uint64_t{256} << 20;
   EngramTier engram = EngramTier::Mmap;
   // The memory budget the model's load follows (model/memory_plan.h; `dsv41 plan` shows it): 0, what
-  // the host and its cgroup allow. The prompt cache's RAM is cut to what the plan leaves it.
+  // the host and its cgroup allow; above the cgroup's limit, refused. The prompt cache's RAM is cut
+  // to what the plan leaves it.
   uint64_t ram_bytes = 0;
   std::shared_ptr<const Backend> backend;    // null: the best kernel level, one thread per core
   // A model already loaded from model_dir (tools that run several engines on one model, such as
@@ -144,9 +145,10 @@ struct EngineMetrics {
   uint64_t cache_pages_in_use = 0;  // of those, held by the prefix cache for later requests
   uint64_t kv_bytes_in_use = 0, kv_budget_bytes = 0;
   // The prompt-cache folder (all 0 without one): what it indexes now, files removed to keep its
-  // budget, and stores that did not reach the disk (their requests went on uncached).
+  // budget or to make room on a full disk, stores that did not reach the disk (their requests went on
+  // uncached), and stores that found the disk full (each evicted and tried once more).
   uint64_t prompt_cache_disk_files = 0, prompt_cache_disk_bytes = 0;
-  uint64_t prompt_cache_evictions = 0, prompt_cache_write_failures = 0;
+  uint64_t prompt_cache_evictions = 0, prompt_cache_write_failures = 0, prompt_cache_disk_full = 0;
   // Speculative decoding over all requests (vLLM's spec_decode counters): verifications, drafts
   // verified, drafts accepted, accepted drafts by position in the draft, acceptance-guard pauses.
   uint64_t spec_verify_steps = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0, spec_guard_pauses = 0;

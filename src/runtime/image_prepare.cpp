@@ -18,8 +18,17 @@ VisionPreprocessConfig preprocess_config(const VisionConfig& v) {
 ImageInput prepare_image(std::span<const uint8_t> bytes, const VisionConfig& vision, const ImageDecodeLimits& limits,
                          const std::string& where) {
   if (!vision.enabled()) fail(where, "this model has no vision tower");
+  const VisionPreprocessConfig config = preprocess_config(vision);
+  // The grid is planned from the header's size before any pixel is decoded: a size no plan can carry
+  // (an aspect too extreme) is refused without the decoder's time and memory.
+  const ImageHeader header = check_image_header(bytes, limits, where);
+  try {
+    plan_image_grid(header.width, header.height, config);
+  } catch (const Error& e) {
+    fail(where, e.what());
+  }
   const RgbImage rgb = decode_image(bytes, limits, where);
-  PreprocessedImage p = preprocess_image(rgb, preprocess_config(vision));
+  PreprocessedImage p = preprocess_image(rgb, config);
   ImageInput out;
   out.grid_h = p.plan.n_vit_h;
   out.grid_w = p.plan.n_vit_w;

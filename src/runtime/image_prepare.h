@@ -17,7 +17,8 @@ namespace dsv41 {
 // The preprocessing half of a model's vision config.
 VisionPreprocessConfig preprocess_config(const VisionConfig& vision);
 
-// Error naming `where` when the image is not a PNG or JPEG within `limits`, or the model has no tower.
+// Error naming `where` when the image is not a PNG or JPEG within `limits`, its size (read from the
+// header, before anything is decoded) has no grid plan, or the model has no tower.
 ImageInput prepare_image(std::span<const uint8_t> bytes, const VisionConfig& vision, const ImageDecodeLimits& limits,
                          const std::string& where);
 

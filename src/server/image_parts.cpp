@@ -71,12 +71,29 @@ std::vector<ImageInput> load_image_parts(const std::vector<ojson>& records, cons
     throw invalid_request("messages", std::to_string(records.size()) + " images in one request; the server takes at most " +
                                           std::to_string(limits.max_images));
   }
+  // Every image's header first: the pixel limit is the request's, so eight images of the limit each
+  // cannot cost eight times it, and none is decoded before the sum is known to fit.
+  std::vector<std::vector<uint8_t>> files;
+  uint64_t pixels = 0;
   for (size_t i = 0; i < records.size(); ++i) {
     const std::string where = "messages: image " + std::to_string(i + 1);
-    const std::vector<uint8_t> bytes = base64_bytes(payload(records[i], where), where, limits);
+    files.push_back(base64_bytes(payload(records[i], where), where, limits));
     try {
-      out.push_back(prepare_image(bytes, *vision, limits.decode, where));
-    } catch (const Error& e) {  // corrupt, truncated, unsupported or too large: the client's to fix
+      const ImageHeader h = check_image_header(files.back(), limits.decode, where);
+      pixels += static_cast<uint64_t>(h.width) * static_cast<uint64_t>(h.height);
+    } catch (const Error& e) {  // corrupt, unsupported or too large: the client's to fix
+      throw invalid_request("messages", e.what());
+    }
+  }
+  if (pixels > limits.decode.max_pixels) {
+    throw invalid_request("messages", std::to_string(records.size()) + " images of " + std::to_string(pixels) +
+                                          " pixels in all, over the limit of " +
+                                          std::to_string(limits.decode.max_pixels) + " pixels per request");
+  }
+  for (size_t i = 0; i < files.size(); ++i) {
+    try {
+      out.push_back(prepare_image(files[i], *vision, limits.decode, "messages: image " + std::to_string(i + 1)));
+    } catch (const Error& e) {  // truncated or corrupt pixels, or a size no plan can carry
       throw invalid_request("messages", e.what());
     }
   }

@@ -73,8 +73,9 @@ std::string render_metrics(const EngineMetrics& m, const HttpCounters& h) {
   metric(out, "dsv41_prefix_cache_pages", "gauge", "KV pages the prefix cache holds (part of kv_pages_in_use).", m.cache_pages_in_use);
   metric(out, "dsv41_prompt_cache_disk_files", "gauge", "Entries in the prompt-cache folder.", m.prompt_cache_disk_files);
   metric(out, "dsv41_prompt_cache_disk_bytes", "gauge", "Bytes of the prompt-cache folder's entries.", m.prompt_cache_disk_bytes);
-  metric(out, "dsv41_prompt_cache_evictions_total", "counter", "Prompt-cache files removed to stay within the disk budget.", m.prompt_cache_evictions);
+  metric(out, "dsv41_prompt_cache_evictions_total", "counter", "Prompt-cache files removed to stay within the disk budget or to make room on a full disk.", m.prompt_cache_evictions);
   metric(out, "dsv41_prompt_cache_write_failures_total", "counter", "Prompt-cache writes that failed (the requests went on without caching).", m.prompt_cache_write_failures);
+  metric(out, "dsv41_prompt_cache_disk_full_total", "counter", "Prompt-cache writes that found the disk full (ENOSPC, EDQUOT); each removed the least recently used entries and tried once more.", m.prompt_cache_disk_full);
   metric(out, "dsv41_expert_cache_capacity_bytes", "gauge", "Size of the routed experts' cache (0: the experts are resident).", m.expert_cache_capacity_bytes);
   metric(out, "dsv41_expert_cache_resident_bytes", "gauge", "Packed experts the cache holds.", m.expert_cache_resident_bytes);
   metric(out, "dsv41_expert_cache_hits_total", "counter", "Routed experts found in the cache.", m.expert_cache_hits);

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "io/safetensors_writer.h"
 #include "util/error.h"
 
 namespace dsv41 {
@@ -27,9 +28,14 @@ std::string errno_text(int err) { return std::generic_category().message(err); }
 }  // namespace
 
 CacheFolder::CacheFolder(std::string dir, std::string fingerprint, std::string mode, uint64_t budget_bytes,
-                         Log log_sink)
+                         Log log_sink, Writer writer)
     : dir_(std::move(dir)), fingerprint_(std::move(fingerprint)), mode_(std::move(mode)), budget_(budget_bytes),
-      log_(std::move(log_sink)) {
+      log_(std::move(log_sink)), write_(std::move(writer)) {
+  if (!write_) {
+    write_ = [](const std::string& path, const std::vector<uint8_t>& bytes) {
+      write_file_atomic(path, bytes.data(), bytes.size());
+    };
+  }
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec || !fs::is_directory(dir_, ec)) {
@@ -130,7 +136,9 @@ uint64_t CacheFolder::store(const CacheEntry& entry) {
       items_.clear();
       bytes_ = 0;
     }
-    written = write_cache_entry(path, entry);  // a folder that cannot be made fails here, naming the file
+    const std::vector<uint8_t> bytes = encode_cache_entry(entry, path);
+    write_making_room(name, path, bytes);  // a folder that cannot be made fails here, naming the file
+    written = bytes.size();
   } catch (const std::exception& e) {
     ++counts_.write_failures;
     if (writing_) {
@@ -153,20 +161,51 @@ uint64_t CacheFolder::store(const CacheEntry& entry) {
   return items_.count(name) ? written : 0;
 }
 
-void CacheFolder::evict_to_budget() {
-  while (bytes_ > budget_ && !items_.empty()) {
-    const auto oldest = std::min_element(items_.begin(), items_.end(), [](const auto& a, const auto& b) {
-      return a.second.last_use < b.second.last_use;
-    });
-    const Item& item = oldest->second;
-    // Gone already (another process evicted it, or the folder was cleared): the budget is kept all the same.
-    if (::unlink(item.path.c_str()) != 0 && errno != ENOENT) {
-      log(item.path + ": cannot remove this prompt-cache entry to keep the budget: " + errno_text(errno));
+void CacheFolder::write_making_room(const std::string& name, const std::string& path, const std::vector<uint8_t>& bytes) {
+  try {
+    write_(path, bytes);
+    disk_full_ = false;
+    return;
+  } catch (const FileWriteError& e) {
+    if (!e.out_of_space()) throw;
+    ++counts_.disk_full;
+    // The disk is full (of this folder's entries or of anything else): the least recently used entries
+    // make room for this one, the most recent, and the write is tried once more. A second refusal goes
+    // to the caller, which gives the entry up.
+    uint64_t files = 0, freed = 0;
+    while (freed < bytes.size() && !items_.empty()) {
+      freed += evict_least_recent();
+      ++files;
     }
-    bytes_ -= item.bytes;
-    items_.erase(oldest);
-    ++counts_.evictions;
+    if (files == 0) throw;
+    if (!disk_full_) {
+      log(dir_ + ": the disk is full (" + errno_text(e.error_number()) + "); removed " + std::to_string(files) +
+          " least recently used prompt-cache entries (" + std::to_string(freed) + " bytes) to store " + name +
+          " (logged once until a write finds room again)");
+    }
+    disk_full_ = true;
   }
+  write_(path, bytes);
+}
+
+uint64_t CacheFolder::evict_least_recent() {
+  const auto oldest = std::min_element(items_.begin(), items_.end(), [](const auto& a, const auto& b) {
+    return a.second.last_use < b.second.last_use;
+  });
+  const Item& item = oldest->second;
+  // Gone already (another process evicted it, or the folder was cleared): forgotten all the same.
+  if (::unlink(item.path.c_str()) != 0 && errno != ENOENT) {
+    log(item.path + ": cannot remove this prompt-cache entry to make room: " + errno_text(errno));
+  }
+  const uint64_t freed = item.bytes;
+  bytes_ -= freed;
+  items_.erase(oldest);
+  ++counts_.evictions;
+  return freed;
+}
+
+void CacheFolder::evict_to_budget() {
+  while (bytes_ > budget_ && !items_.empty()) evict_least_recent();
 }
 
 }  // namespace dsv41

@@ -1,7 +1,6 @@
 #include "text/tokenizer.h"
 
 #include <array>
-#include <fstream>
 #include <mutex>
 #include <queue>
 #include <unordered_map>
@@ -13,6 +12,7 @@
 
 #include "text/byte_level.h"
 #include "util/error.h"
+#include "util/regular_file.h"
 
 namespace dsv41 {
 
@@ -574,11 +574,9 @@ struct Tokenizer::Impl {
 };
 
 Tokenizer Tokenizer::from_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, "cannot open the tokenizer file");
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(read_regular_file(path));
   } catch (const json::exception& e) {
     fail(path, std::string("not valid JSON: ") + e.what());
   }

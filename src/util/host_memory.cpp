@@ -51,9 +51,26 @@ uint64_t HostMemory::budget_bytes() const {
   return host;
 }
 
-HostMemory read_host_memory() {
+std::string HostMemory::ram_refusal(uint64_t asked) const {
+  if (cgroup_limit_bytes == 0 || asked <= cgroup_limit_bytes) return "";
+  const auto both = [](uint64_t bytes) {
+    return std::to_string(bytes) + " bytes (" + format_bytes(static_cast<double>(bytes));
+  };
+  return both(asked) + ") is above the memory cgroup's limit of " + both(cgroup_limit_bytes) + ", " + cgroup +
+         "): the kernel would kill the process on reaching the limit; give at most the limit, or leave --ram out "
+         "to plan for it";
+}
+
+uint64_t HostMemory::ram_budget(uint64_t asked) const {
+  if (asked == 0) return budget_bytes();
+  const std::string refusal = ram_refusal(asked);
+  if (!refusal.empty()) fail("--ram", refusal);
+  return asked;
+}
+
+HostMemory read_host_memory(const HostMemoryFiles& files) {
   HostMemory out;
-  std::ifstream meminfo("/proc/meminfo");
+  std::ifstream meminfo(files.meminfo);
   std::string key, unit;
   uint64_t kb = 0;
   while (meminfo >> key >> kb) {
@@ -62,7 +79,7 @@ HostMemory read_host_memory() {
     if (key == "MemAvailable:") out.available_bytes = kb * 1024;
   }
   // "ID:controllers:path" per hierarchy; v1's memory controller, or v2's unified "0::path".
-  std::ifstream cgroups("/proc/self/cgroup");
+  std::ifstream cgroups(files.self_cgroup);
   std::string line;
   while (std::getline(cgroups, line)) {
     const size_t a = line.find(':'), b = line.find(':', a + 1);
@@ -72,8 +89,8 @@ HostMemory read_host_memory() {
     std::string c;
     bool memory = false;
     while (std::getline(list, c, ',')) memory |= c == "memory";
-    if (memory) smallest_limit("/sys/fs/cgroup/memory", path, "memory.limit_in_bytes", out);
-    if (controllers.empty() && line.compare(0, a, "0") == 0) smallest_limit("/sys/fs/cgroup", path, "memory.max", out);
+    if (memory) smallest_limit(files.cgroup_v1_memory, path, "memory.limit_in_bytes", out);
+    if (controllers.empty() && line.compare(0, a, "0") == 0) smallest_limit(files.cgroup_v2, path, "memory.max", out);
   }
   return out;
 }

@@ -155,7 +155,7 @@ int run_chat(int argc, char** argv) {
       continue;
     }
     RequestParams p;
-    p.prompt = engine.tokenizer().encode(prompt.text, /*parse_special=*/true);
+    p.prompt = engine.tokenizer().encode(prompt.text, prompt.plain_spans);
     p.max_tokens = std::min<int64_t>(max_tokens, engine.config().max_seq_len - static_cast<int64_t>(p.prompt.size()));
     p.sampling.temperature = temperature;
     p.sampling.seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());

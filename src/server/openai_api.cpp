@@ -101,8 +101,8 @@ void parse_chat(const ojson& body, const ModelInfo& model, ApiRequest& req) {
   // each image part became a placeholder in the text; the engine expands it into the image's span
   req.params.images = load_image_parts(prompt.images, model.vision, model.images);
   req.thinking = prompt.starts_in_reasoning;  // where the output begins (a continued answer starts outside reasoning)
+  req.params.prompt = model.tokenizer->encode(prompt.text, prompt.plain_spans);
   req.prompt_text = std::move(prompt.text);
-  req.params.prompt = model.tokenizer->encode(req.prompt_text, /*parse_special=*/true);
   if (const ojson* tools = field(body, "tools")) req.tools = tools->is_array() && !tools->empty();
 
   req.logprobs = get_bool(body, "logprobs", false);

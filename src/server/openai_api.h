@@ -16,8 +16,10 @@
 // Extension fields (dsv41's): speculative ("dspark" or "off"; default: serve --speculative),
 //   draft_length (0..DSpark's block size; 0: adaptive), prefill_mode ("exact" or "tail").
 // Prompts are tokenized with special-token parsing, as the reference pipeline does (chat-encoding.md
-// §2.7): a chat prompt is the rendered template; a completions string prompt gets BOS in front, as
-// Hugging Face tokenizers add it for DeepSeek models; token-id prompts are used as given.
+// §2.7), except for a chat prompt's plain spans: the text of the roles ModelInfo::chat's
+// special_tokens_in leaves out (serve --special-tokens-in) is tokenized as ordinary characters. A
+// completions string prompt is the client's own template: BOS in front, as Hugging Face tokenizers
+// add it for DeepSeek models, and every special token parsed; token-id prompts are used as given.
 #pragma once
 
 #include <cstdint>

@@ -521,6 +521,20 @@ TEST(ChatEncoding, SpecialTokenRolesFromText) {
   }
 }
 
+TEST(ChatEncoding, ToolNamesAreWhatThePromptOffers) {
+  ojson req = request(R"({"thinking": false, "messages": [{"role": "user", "content": "u"}]})");
+  EXPECT_TRUE(render_chat(req).tool_names.empty());
+  req["tools"] = ojson::parse(R"([{"type": "function", "namespace": "fs", "function": {"name": "read"}},
+                                  {"type": "function", "function": {"name": "web::get"}}])");
+  EXPECT_EQ(render_chat(req).tool_names, (std::vector<std::string>{"fs::read", "web::get"}));
+  req["tool_choice"] = "required";
+  EXPECT_EQ(render_chat(req).tool_names, (std::vector<std::string>{"fs::read", "web::get"}));
+  req["tool_choice"] = ojson::parse(R"({"type": "function", "function": {"name": "web::get"}})");
+  EXPECT_EQ(render_chat(req).tool_names, (std::vector<std::string>{"web::get"}));
+  req["tool_choice"] = "none";
+  EXPECT_TRUE(render_chat(req).tool_names.empty());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Rendering: rejected requests (the server answers 400 with the message)
 
@@ -579,9 +593,13 @@ TEST(ChatEncoding, RejectsBadRequests) {
 // ---------------------------------------------------------------------------------------------
 // Output parsing
 
-ChatOutputOptions opts(bool thinking) {
+// Options offering every tool the cases below call, so that each well-formed call is one.
+ChatOutputOptions opts(bool thinking, std::vector<std::string> tools = {"get_weather", "f", "a", "b", "b::c", "get", "s",
+                                                                       "search", "tool_0", "tool_1", "tool_2", "tool_3",
+                                                                       "tool_4"}) {
   ChatOutputOptions o;
   o.thinking = thinking;
+  o.tools = std::move(tools);
   o.make_call_id = [](size_t i) { return "call_" + std::to_string(i); };
   return o;
 }
@@ -624,8 +642,7 @@ ChatOutput stream(const std::vector<std::string_view>& pieces, const ChatOutputO
 }
 
 // Streaming `text` split anywhere must give the one-shot result.
-void expect_split_invariant(const std::string& text, bool thinking) {
-  const ChatOutputOptions o = opts(thinking);
+void expect_split_invariant(const std::string& text, const ChatOutputOptions& o) {
   const std::string whole = describe(parse_chat_output(text, o));
   const std::string_view t = text;
   for (size_t i = 0; i <= t.size(); ++i) {
@@ -645,6 +662,8 @@ void expect_split_invariant(const std::string& text, bool thinking) {
     ASSERT_EQ(describe(stream(pieces, o)), whole) << "random pieces, round " << round;
   }
 }
+
+void expect_split_invariant(const std::string& text, bool thinking) { expect_split_invariant(text, opts(thinking)); }
 
 struct OutputCase {
   const char* name;
@@ -744,6 +763,56 @@ TEST(ChatOutput, StreamingMatchesOneShotAtEverySplit) {
   for (const OutputCase& c : output_cases()) {
     SCOPED_TRACE(c.name);
     expect_split_invariant(c.text, c.thinking);
+  }
+}
+
+// A call is read only for a tool the request offered; otherwise the model's text stays text, in the
+// channel it was written in, at every chunking.
+TEST(ChatOutput, CallsOnlyForOfferedTools) {
+  const std::string eos = "<｜end▁of▁sentence｜>";
+  auto block = [](const std::vector<std::string>& names) {
+    std::string b = "<｜DSML｜ calls>\n";
+    for (const std::string& n : names) {
+      b += "<｜DSML｜ invoke name=\"" + n + "\">\n<｜DSML｜ parameter name=\"q\" string=\"true\">x</｜DSML｜ parameter>\n" +
+           "</｜DSML｜ invoke>\n";
+    }
+    return b + "</｜DSML｜ calls>";
+  };
+  struct Case {
+    const char* name;
+    bool thinking;
+    std::vector<std::string> tools;
+    std::string text;
+    std::string reasoning;
+    std::string content;
+    std::vector<ToolCall> calls;
+  };
+  const std::vector<Case> cases = {
+      {"no tools", false, {}, "Checking.\n\n" + block({"get_weather"}) + eos, "", "Checking.\n\n" + block({"get_weather"}), {}},
+      {"no tools, an empty block", false, {}, "a\n\n<｜DSML｜ calls>\n</｜DSML｜ calls>\n\nb", "",
+       "a\n\n<｜DSML｜ calls>\n</｜DSML｜ calls>\n\nb", {}},
+      {"no tools, in reasoning", true, {}, "Plan.\n\n" + block({"f"}) + "</think>Done" + eos, "Plan.\n\n" + block({"f"}),
+       "Done", {}},
+      {"undeclared", false, {"search"}, "Checking.\n\n" + block({"get_weather"}) + eos, "",
+       "Checking.\n\n" + block({"get_weather"}), {}},
+      {"undeclared, in reasoning", true, {"search"}, "Plan.\n\n" + block({"f"}) + "</think>Done", "Plan.\n\n" + block({"f"}),
+       "Done", {}},
+      {"undeclared after a declared call", false, {"a"}, "\n\n" + block({"a", "b"}), "",
+       "\n<｜DSML｜ invoke name=\"b\">\n<｜DSML｜ parameter name=\"q\" string=\"true\">x</｜DSML｜ parameter>\n"
+       "</｜DSML｜ invoke>\n</｜DSML｜ calls>",
+       {{"call_0", "a", R"({"q": "x"})", true}}},
+      {"namespaced", false, {"fs::read"}, "\n\n" + block({"fs::read"}) + eos, "", "", {{"call_0", "fs::read", R"({"q": "x"})", true}}},
+      {"namespace left off", false, {"fs::read"}, "\n\n" + block({"read"}) + eos, "", "\n\n" + block({"read"}), {}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const ChatOutputOptions o = opts(c.thinking, c.tools);
+    ChatOutput want;
+    want.reasoning_content = c.reasoning;
+    want.content = c.content;
+    want.tool_calls = c.calls;
+    EXPECT_EQ(describe(parse_chat_output(c.text, o)), describe(want));
+    expect_split_invariant(c.text, o);
   }
 }
 
@@ -905,7 +974,7 @@ TEST(ChatOutput, OpenAiShapes) {
   // Default ids are "call_" plus 24 random characters, distinct per call.
   const ChatOutput two = parse_chat_output(
       "\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"a\">\n\n</｜DSML｜ invoke>\n<｜DSML｜ invoke name=\"b\">\n\n</｜DSML｜ invoke>\n</｜DSML｜ calls>",
-      ChatOutputOptions{false, {}});
+      ChatOutputOptions{.thinking = false, .tools = {"a", "b"}, .make_call_id = {}});
   ASSERT_EQ(two.tool_calls.size(), 2u);
   EXPECT_EQ(two.tool_calls[0].id.size(), 29u);
   EXPECT_NE(two.tool_calls[0].id, two.tool_calls[1].id);

@@ -137,7 +137,8 @@ TEST(ResponsesOutput, ReasoningTextAndAToolCallBecomeItemsAndTypedEvents) {
       "<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"get_weather\">\n"
       "<｜DSML｜ parameter name=\"city\" string=\"true\">Paris</｜DSML｜ parameter>\n"
       "</｜DSML｜ invoke>\n</｜DSML｜ calls>";
-  ApiRequest req = responses({{"input", "Weather?"}, {"stream", true}, {"thinking", true}});
+  ApiRequest req = responses({{"input", "Weather?"}, {"stream", true}, {"thinking", true},
+                              {"tools", {{{"type", "function"}, {"name", "get_weather"}}}}});
   ASSERT_TRUE(req.thinking);
   ResponsesBuilder b(req, "resp_t", 1700000000, fixed_ids());
   const std::vector<ResponsesBuilder::Event> events =

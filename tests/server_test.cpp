@@ -4,9 +4,10 @@
 // equivalence, a bounded load test with client disconnects, the `dsv41 serve` command, and the
 // official `openai` npm client against it.
 //
-// Tool-call parsing: the random tiny model will not write DSML and the engine API has no teacher
-// forcing, so the server's per-request translation (ResponseBuilder, the code the handler runs per
-// engine event) is driven with made-up engine events carrying a DSML block, split at every byte.
+// Tool-call parsing: the random tiny model will not write DSML, so the server's per-request
+// translation (ResponseBuilder, the code the handler runs per engine event) is driven with made-up
+// engine events carrying a DSML block, split at every byte, and the live server is made to "write"
+// one through the "dsv41_forced_output" test hook.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <arpa/inet.h>
@@ -301,7 +302,7 @@ TEST(ServerApi, ThinkingKnobsAndToolsShapeThePrompt) {
       "required":["city"]}}}])";
   const ApiRequest t =
       parse_request(Endpoint::ChatCompletions, with_tools(chat_body({{"thinking", false}}), tools), tiny_info());
-  EXPECT_TRUE(t.tools);
+  EXPECT_EQ(t.tool_names, std::vector<std::string>{"get_weather"});
   EXPECT_NE(t.prompt_text.find("## Tools"), std::string::npos);
   // the schema as Python's json.dumps writes it, keys in the client's order
   EXPECT_NE(t.prompt_text.find(R"({"name": "get_weather", "description": "Weather of a city", "parameters": {"type": )"
@@ -312,6 +313,7 @@ TEST(ServerApi, ThinkingKnobsAndToolsShapeThePrompt) {
   const ApiRequest none =
       parse_request(Endpoint::ChatCompletions, with_tools(chat_body({{"tool_choice", "none"}}), tools), tiny_info());
   EXPECT_EQ(none.prompt_text.find("## Tools"), std::string::npos);
+  EXPECT_TRUE(none.tool_names.empty());  // nothing offered, so nothing the model writes is a call
 }
 
 // Special-token characters in user, assistant and tool text are tokenized as plain characters by
@@ -422,14 +424,19 @@ TEST(ServerResponse, ToolCallFromDsmlOutputAtEveryChunking) {
       "<｜DSML｜ parameter name=\"city\" string=\"true\">Paris</｜DSML｜ parameter>\n"
       "<｜DSML｜ parameter name=\"days\" string=\"false\">3</｜DSML｜ parameter>\n"
       "</｜DSML｜ invoke>\n</｜DSML｜ calls>";
-  const ChatOutput expected = parse_chat_output(dsml, {.thinking = false, .make_call_id = fixed_ids().make_call_id});
+  const ChatOutput expected =
+      parse_chat_output(dsml, {.thinking = false, .tools = {"get_weather"}, .make_call_id = fixed_ids().make_call_id});
   ASSERT_EQ(expected.tool_calls.size(), 1u);
   EXPECT_EQ(expected.tool_calls[0].arguments, R"({"city": "Paris", "days": 3})");
 
   for (size_t cut = 1; cut < dsml.size(); cut += 7) {
     for (bool stream : {false, true}) {
       SCOPED_TRACE("cut " + std::to_string(cut) + (stream ? " streamed" : " plain"));
-      const ApiRequest req = parse_chat(chat_body({{"thinking", false}, {"stream", stream}}));
+      const ApiRequest req =
+          parse_request(Endpoint::ChatCompletions,
+                        with_tools(chat_body({{"thinking", false}, {"stream", stream}}),
+                                   R"([{"type": "function", "function": {"name": "get_weather"}}])"),
+                        tiny_info());
       ResponseBuilder b(req, tiny_tokenizer(), "chatcmpl-t", 1, fixed_ids());
       std::vector<json> chunks;
       for (json& c : b.add(token_event(1, dsml.substr(0, cut)))) chunks.push_back(std::move(c));
@@ -797,6 +804,105 @@ TEST(ServerLive, ToolsAreRenderedAndTheAnswerIsWellFormed) {
   EXPECT_EQ(r.body["usage"]["prompt_tokens"], rendered.body["prompt_tokens"]);
   const std::string finish = r.body["choices"][0]["finish_reason"];
   EXPECT_TRUE(finish == "length" || finish == "tool_calls" || finish == "stop") << finish;
+}
+
+// A DSML block the model writes is a tool call only for a tool the request offered: with no tools,
+// with tool_choice "none", for a name never declared or one tool_choice leaves out, the model's text
+// is returned as text, plain and streamed, by chat completions and by the Responses API.
+TEST(ServerLive, ToolCallsOnlyForToolsTheRequestOffered) {
+  LiveServer& s = shared_server();
+  const std::string block =
+      "\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"get_weather\">\n"
+      "<｜DSML｜ parameter name=\"city\" string=\"true\">Paris</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>";
+  const std::string forced = "Checking." + block + "<｜end▁of▁sentence｜>";
+  auto function = [](const char* name) { return json{{"name", name}, {"parameters", {{"type", "object"}}}}; };
+  struct Case {
+    const char* name;
+    std::vector<json> tools;  // function objects
+    const char* choice;       // tool_choice: none, auto, or the name of one function
+    bool call;
+  };
+  const std::vector<Case> cases = {
+      {"declared", {function("get_weather")}, "auto", true},
+      {"no tools", {}, nullptr, false},
+      {"tool_choice none", {function("get_weather")}, "none", false},
+      {"undeclared name", {function("search")}, "auto", false},
+      {"named choice leaves it out", {function("get_weather"), function("search")}, "search", false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    json chat = greedy_chat("What is the weather in Paris?", 400);
+    chat["ignore_eos"] = false;
+    chat["dsv41_forced_output"] = forced;
+    json responses = {{"model", chat["model"]}, {"input", "What is the weather in Paris?"}, {"max_output_tokens", 400},
+                      {"temperature", 0}, {"thinking", false}, {"dsv41_forced_output", forced}};
+    if (!c.tools.empty()) {
+      chat["tools"] = json::array();
+      responses["tools"] = json::array();
+      for (const json& f : c.tools) {
+        chat["tools"].push_back({{"type", "function"}, {"function", f}});
+        json rt = f;
+        rt["type"] = "function";
+        responses["tools"].push_back(rt);
+      }
+    }
+    const std::string choice = c.choice == nullptr ? "" : c.choice;
+    if (choice == "none" || choice == "auto") {
+      chat["tool_choice"] = responses["tool_choice"] = choice;
+    } else if (!choice.empty()) {
+      chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", choice}}}};
+      responses["tool_choice"] = {{"type", "function"}, {"name", choice}};
+    }
+    const std::string text = c.call ? "Checking." : "Checking." + block;
+
+    const Reply plain = post(s.port(), "/v1/chat/completions", chat);
+    ASSERT_EQ(plain.status, 200) << plain.raw;
+    const json& message = plain.body["choices"][0]["message"];
+    EXPECT_EQ(message["content"], text);
+    EXPECT_EQ(plain.body["choices"][0]["finish_reason"], c.call ? "tool_calls" : "stop");
+    EXPECT_EQ(message.contains("tool_calls"), c.call) << message.dump();
+    if (c.call) {
+      EXPECT_EQ(message["tool_calls"][0]["function"]["name"], "get_weather");
+    }
+
+    json chat_stream = chat;
+    chat_stream["stream"] = true;
+    const Stream streamed = post_stream(s.port(), "/v1/chat/completions", chat_stream);
+    ASSERT_EQ(streamed.status, 200) << streamed.raw;
+    size_t call_deltas = 0;
+    std::string finish;
+    for (const json& e : streamed.events) {
+      if (e["choices"].empty()) continue;
+      call_deltas += e["choices"][0]["delta"].value("tool_calls", json::array()).size();
+      if (e["choices"][0]["finish_reason"].is_string()) finish = e["choices"][0]["finish_reason"];
+    }
+    EXPECT_EQ(streamed_text(streamed), text);
+    EXPECT_EQ(call_deltas > 0, c.call);
+    EXPECT_EQ(finish, c.call ? "tool_calls" : "stop");
+
+    const Reply r = post(s.port(), "/v1/responses", responses);
+    ASSERT_EQ(r.status, 200) << r.raw;
+    std::string output_text;
+    size_t calls = 0;
+    for (const json& item : r.body["output"]) {
+      if (item["type"] == "message") output_text += item["content"][0]["text"].get<std::string>();
+      if (item["type"] == "function_call") ++calls;
+    }
+    EXPECT_EQ(output_text, text);
+    EXPECT_EQ(calls, c.call ? 1u : 0u);
+
+    responses["stream"] = true;
+    const Stream rs = post_stream(s.port(), "/v1/responses", responses);
+    ASSERT_EQ(rs.status, 200) << rs.raw;
+    std::string deltas;
+    size_t call_items = 0;
+    for (const json& e : rs.events) {
+      if (e["type"] == "response.output_text.delta") deltas += e["delta"].get<std::string>();
+      if (e["type"] == "response.output_item.added" && e["item"]["type"] == "function_call") ++call_items;
+    }
+    EXPECT_EQ(deltas, text);
+    EXPECT_EQ(call_items, c.call ? 1u : 0u);
+  }
 }
 
 // Special tokens written inside a tool result or a user message are plain text by default: the

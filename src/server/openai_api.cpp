@@ -103,7 +103,7 @@ void parse_chat(const ojson& body, const ModelInfo& model, ApiRequest& req) {
   req.thinking = prompt.starts_in_reasoning;  // where the output begins (a continued answer starts outside reasoning)
   req.params.prompt = model.tokenizer->encode(prompt.text, prompt.plain_spans);
   req.prompt_text = std::move(prompt.text);
-  if (const ojson* tools = field(body, "tools")) req.tools = tools->is_array() && !tools->empty();
+  req.tool_names = std::move(prompt.tool_names);
 
   req.logprobs = get_bool(body, "logprobs", false);
   if (const ojson* top = field(body, "top_logprobs")) {

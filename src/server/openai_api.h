@@ -71,7 +71,7 @@ struct ApiRequest {
   bool logprobs = false;        // return logprobs (top count in params.top_logprobs)
   bool echo = false;            // completions: the prompt text starts the returned text
   bool thinking = false;        // chat: the prompt ends inside <think>, so output starts as reasoning
-  bool tools = false;           // chat: tools were offered
+  std::vector<std::string> tool_names;  // chat: the tools a generated call may name (ChatPrompt::tool_names)
   std::string prompt_text;      // chat: the rendered prompt; completions: the prompt as text
   RequestParams params;         // what the engine gets
   nlohmann::json responses_echo;  // Responses: the request fields the Response object repeats

@@ -402,9 +402,10 @@ std::vector<Msg> parse_messages(const ojson& list, const char* name, size_t firs
 // ---------------------------------------------------------------------------------------------
 // Request-level parts
 
-// The tools the prompt offers, after tool_choice filtering: their schema lines (docs §3.1).
+// The tools the prompt offers, after tool_choice filtering: their schema lines (docs §3.1) and names.
 struct OfferedTools {
   std::string schemas;
+  std::vector<std::string> names;
 };
 
 OfferedTools render_tools(const ojson& request) {
@@ -435,6 +436,7 @@ OfferedTools render_tools(const ojson& request) {
   }
 
   std::vector<std::string> schemas;
+  std::vector<std::string> names;
   bool found_only = false;
   for (size_t k = 0; k < tool_count; ++k) {
     const ojson& tool = (*tools)[k];
@@ -468,6 +470,7 @@ OfferedTools render_tools(const ojson& request) {
       }
     }
     fn["name"] = qualified_name(name->get<std::string>(), space, where + ".function.name");
+    names.push_back(fn["name"].get<std::string>());
     if (ns_value.is_object()) {
       const ojson* d = find_key(ns_value, "description");
       if (d != nullptr && d->is_string() && !d->get_ref<const std::string&>().empty()) {
@@ -480,7 +483,7 @@ OfferedTools render_tools(const ojson& request) {
   }
   if (only && !found_only) fail("tool_choice.function.name", "names \"" + *only + "\", which is not in tools");
   if (none || schemas.empty()) return {};
-  return {join(schemas, "\n")};
+  return {join(schemas, "\n"), std::move(names)};
 }
 
 std::string render_response_format(const ojson& request) {
@@ -870,7 +873,7 @@ ChatPrompt render_chat(const nlohmann::ordered_json& request, const ChatOptions&
 
   // Tools and response_format belong to the system message at index 0 of the whole conversation;
   // one is inserted when the conversation does not start with a system message (as vLLM does).
-  const OfferedTools tools = render_tools(request);
+  OfferedTools tools = render_tools(request);
   const std::string response_format = render_response_format(request);
   if (!tools.schemas.empty() || !response_format.empty()) {
     std::vector<Msg>& head = context.empty() ? messages : context;
@@ -885,6 +888,7 @@ ChatPrompt render_chat(const nlohmann::ordered_json& request, const ChatOptions&
     head.front().response_format = response_format;
     head.front().has_tools = !tools.schemas.empty();
   }
+  result.tool_names = std::move(tools.names);
 
   // Context and new messages merge separately but are ordered, and judged for dropping, together.
   context = merge_user_turns(std::move(context));

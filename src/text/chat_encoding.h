@@ -110,6 +110,9 @@ struct ChatPrompt {
   // The spans of `text` written from message text of roles outside ChatOptions::special_tokens_in, in
   // order: tokenize with Tokenizer::encode(text, plain_spans) and their characters stay ordinary text.
   std::vector<TextSpan> plain_spans;
+  // The tools the prompt offers the model (namespace-qualified as rendered, after tool_choice; none
+  // with tool_choice "none"): the only names a generated call may use (ChatOutputOptions::tools).
+  std::vector<std::string> tool_names;
 };
 
 ChatPrompt render_chat(const nlohmann::ordered_json& request, const ChatOptions& options = {});

@@ -572,6 +572,17 @@ TEST(ChatEncoding, RejectsBadRequests) {
   expect_rejected(request(R"({"messages": [{"role": "user", "content": "u"},
       {"role": "assistant", "tool_calls": [{"type": "function", "namespace": "a", "function": {"name": "b::f", "arguments": "{}"}}]}]})"),
                   "messages[1].tool_calls[0].function.name");
+  // A tool name is what an invoke tag carries: one the output parser could never read back, or one
+  // two tools share, is refused.
+  expect_rejected(request(R"({"messages": [{"role": "user", "content": "u"},
+      {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "a\nb", "arguments": "{}"}}]}]})"),
+                  "messages[1].tool_calls[0].function.name");
+  expect_rejected(request(R"({"messages": [{"role": "user", "content": "u"}], "tools": [{"function": {"name": "get<it>"}}]})"),
+                  "tools[0].function.name");
+  expect_rejected(request(R"({"messages": [{"role": "user", "content": "u"}],
+      "tools": [{"function": {"name": "f"}}, {"function": {"name": "g"}}, {"namespace": "ns", "function": {"name": "f"}},
+                {"function": {"name": "ns::f"}}]})"),
+                  "tools[3].function.name");
   expect_rejected(request(R"({"messages": [{"role": "user", "content": "u"}], "tools": {}})"), "tools");
   expect_rejected(request(R"({"messages": [{"role": "user", "content": "u"}], "tools": [{"type": "function"}]})"),
                   "tools[0].function");

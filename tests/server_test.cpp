@@ -204,6 +204,85 @@ TEST(ServerApi, OnlyOneChoice) {
   EXPECT_NO_THROW(parse_chat(chat_body({{"n", 1}})));
 }
 
+// The message and tool fields the V4.1 encoder takes loosely (it renders what the reference renders:
+// an unknown part type as "[Unsupported T]", arguments that are not an object as one string
+// parameter) are checked as OpenAI checks them: each wrong type or value is a 400 naming the field.
+TEST(ServerApi, MessageAndToolFieldsAreChecked) {
+  // (json::array() throughout: a braced json of one json value copies it instead of wrapping it)
+  const json user = {{"role", "user"}, {"content", "u"}};
+  auto call = [](const json& function, const json& id) {
+    json c = {{"type", "function"}, {"function", function}};
+    if (!id.is_null()) c["id"] = id;
+    return c;
+  };
+  auto assistant = [](const json& calls) { return json{{"role", "assistant"}, {"content", ""}, {"tool_calls", calls}}; };
+  auto tool = [](const json& id) {
+    json t = {{"role", "tool"}, {"content", "sunny"}};
+    if (!id.is_null()) t["tool_call_id"] = id;
+    return t;
+  };
+  const json good = call({{"name", "f"}, {"arguments", "{\"x\": 1}"}}, "c1");
+  auto with_args = [&](const json& args) { return json::array({call({{"name", "f"}, {"arguments", args}}, "c1")}); };
+  auto messages = [](const json& list) { return json{{"messages", list}}; };
+  auto tools = [](const std::vector<json>& functions) {
+    json list = json::array();
+    for (const json& f : functions) list.push_back({{"type", "function"}, {"function", f}});
+    return json{{"tools", list}};
+  };
+  auto with = [](json a, const json& b) {
+    a.update(b);
+    return a;
+  };
+
+  const std::vector<std::pair<json, std::string>> cases = {
+      {messages(json::array({{{"role", "user"}, {"content", "u"}, {"name", 5}}})), "messages[0].name"},
+      {messages(json::array({{{"role", "user"},
+                              {"content", json::array({{{"type", "input_audio"}, {"input_audio", json::object()}}})}}})),
+       "messages[0].content[0].type"},
+      {messages(json::array({{{"role", "user"}, {"content", json::array({{{"type", "text"}}})}}})),
+       "messages[0].content[0].text"},
+      {messages(json::array({{{"role", "user"}, {"content", "u"}, {"tool_calls", json::array({good})}}})),
+       "messages[0].tool_calls"},
+      {messages(json::array({user, assistant(json::array({call({{"name", "f"}, {"arguments", "{}"}}, nullptr)}))})),
+       "messages[1].tool_calls[0].id"},
+      {messages(json::array({user, assistant(json::array({call({{"name", "f"}, {"arguments", "{}"}}, "")}))})),
+       "messages[1].tool_calls[0].id"},
+      {messages(json::array({user, assistant(json::array({good, good}))})), "messages[1].tool_calls[1].id"},
+      {messages(json::array({user, assistant(with_args(5))})), "messages[1].tool_calls[0].function.arguments"},
+      {messages(json::array({user, assistant(with_args("city=Paris"))})), "messages[1].tool_calls[0].function.arguments"},
+      {messages(json::array({user, assistant(with_args("[1, 2]"))})), "messages[1].tool_calls[0].function.arguments"},
+      {messages(json::array({user, assistant(with_args(nullptr))})), "messages[1].tool_calls[0].function.arguments"},
+      {messages(json::array({user, assistant(json::array({call({{"name", "f\">x"}, {"arguments", "{}"}}, "c1")}))})),
+       "messages[1].tool_calls[0].function.name"},
+      {messages(json::array({user, assistant(json::array({good})), tool(nullptr)})), "messages[2].tool_call_id"},
+      {messages(json::array({user, assistant(json::array({good})), tool("")})), "messages[2].tool_call_id"},
+      {messages(json::array({user, assistant(json::array({good})), tool("c9")})), "messages[2].tool_call_id"},
+      {tools({{{"name", "f"}, {"description", 5}}}), "tools[0].function.description"},
+      {tools({{{"name", "f"}, {"parameters", "object"}}}), "tools[0].function.parameters"},
+      {tools({{{"name", "f"}, {"strict", "yes"}}}), "tools[0].function.strict"},
+      {tools({{{"name", "get<weather>"}}}), "tools[0].function.name"},
+      {tools({{{"name", "a\nb"}}}), "tools[0].function.name"},
+      {tools({{{"name", std::string(300, 'f')}}}), "tools[0].function.name"},
+      {tools({{{"name", "f"}}, {{"name", "f"}}}), "tools[1].function.name"},
+      {with(tools({{{"name", "f"}}}), {{"tool_choice", {{"type", "web"}, {"function", {{"name", "f"}}}}}}),
+       "tool_choice.type"},
+  };
+  for (const auto& [extra, param] : cases) {
+    SCOPED_TRACE(extra.dump());
+    expect_error([&] { parse_chat(chat_body(extra)); }, 400, param);
+  }
+  // What OpenAI clients send is still taken: arguments as JSON text, an object or doubly encoded
+  // text; a result answering its call; namespaced tools; parameters as a schema object.
+  for (const json& args : {json("{\"x\": 1}"), json{{"x", 1}}, json("\"{\\\"x\\\": 1}\""), json("{}")}) {
+    SCOPED_TRACE(args.dump());
+    EXPECT_NO_THROW(parse_chat(chat_body(messages(json::array({user, assistant(with_args(args)), tool("c1")})))));
+  }
+  EXPECT_NO_THROW(parse_chat(chat_body(
+      with(tools({{{"name", "fs::read"}, {"description", "Read"}, {"parameters", {{"type", "object"}}}, {"strict", true}},
+                  {{"name", "get_weather"}}}),
+           {{"tool_choice", {{"type", "function"}, {"function", {{"name", "fs::read"}}}}}}))));
+}
+
 TEST(ServerApi, MessagesMustBeANonEmptyArray) {
   json body = chat_body();
   body["messages"] = json::array();

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "server/access_policy.h"
+#include "server/chat_fields.h"
 #include "server/json_fields.h"
 #include "util/error.h"
 
@@ -89,6 +90,7 @@ void parse_chat(const ojson& body, const ModelInfo& model, ApiRequest& req) {
   if (!messages->is_array()) throw invalid_request("messages", "messages must be an array, got " + kind(*messages));
   if (messages->empty()) throw invalid_request("messages", "messages must not be empty");
 
+  check_chat_fields(body);
   ChatPrompt prompt;
   try {
     prompt = render_chat(body, model.chat);

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "text/chat_output.h"
 #include "util/error.h"
 
 namespace dsv41 {
@@ -309,7 +310,8 @@ std::string join(const std::vector<std::string>& parts, std::string_view sep) {
   return out;
 }
 
-// Splits "ns::name" and checks it against an explicit namespace (docs §3.1 namespaces).
+// Splits "ns::name" and checks it against an explicit namespace (docs §3.1 namespaces). The result is
+// what an invoke tag carries, so it must be a name the output parser can read back.
 std::string qualified_name(const std::string& name, std::optional<std::string> space, const std::string& where) {
   if (name.empty()) fail(where, "must not be empty");
   std::string bare = name;
@@ -324,7 +326,12 @@ std::string qualified_name(const std::string& name, std::optional<std::string> s
   }
   if (bare.find("::") != std::string::npos) fail(where, "a tool name must not contain '::' twice");
   if (space && space->find("::") != std::string::npos) fail(where, "a namespace must not contain '::'");
-  return space ? *space + "::" + bare : bare;
+  std::string qualified = space ? *space + "::" + bare : bare;
+  if (!is_dsml_name(qualified)) {
+    fail(where, "a tool name must be at most 256 bytes without '\"', '<', '>' or a newline (a DSML invoke tag "
+                "carries it)");
+  }
+  return qualified;
 }
 
 std::vector<Call> parse_calls(const ojson& msg, const std::string& where) {
@@ -436,7 +443,8 @@ OfferedTools render_tools(const ojson& request) {
   }
 
   std::vector<std::string> schemas;
-  std::vector<std::string> names;
+  std::vector<std::string> names;     // offered, after tool_choice
+  std::vector<std::string> declared;  // all
   bool found_only = false;
   for (size_t k = 0; k < tool_count; ++k) {
     const ojson& tool = (*tools)[k];
@@ -447,8 +455,6 @@ OfferedTools render_tools(const ojson& request) {
     if (fn_v == nullptr || !fn_v->is_object()) fail(where + ".function", "must be an object");
     const ojson* name = find_key(*fn_v, "name");
     if (name == nullptr || !name->is_string()) fail(where + ".function.name", "must be a string");
-    if (only && name->get<std::string>() != *only) continue;
-    found_only = true;
 
     // The schema line is the function object as sent, with the name namespace-qualified and a
     // namespace description put in front of the tool's description.
@@ -469,8 +475,16 @@ OfferedTools render_tools(const ojson& request) {
         fail(where + ".namespace", "must be a string or an object");
       }
     }
-    fn["name"] = qualified_name(name->get<std::string>(), space, where + ".function.name");
-    names.push_back(fn["name"].get<std::string>());
+    const std::string qualified = qualified_name(name->get<std::string>(), space, where + ".function.name");
+    // A call names its tool, so two tools of one name would leave a call's target to chance.
+    if (std::find(declared.begin(), declared.end(), qualified) != declared.end()) {
+      fail(where + ".function.name", "\"" + qualified + "\" names an earlier tool too");
+    }
+    declared.push_back(qualified);
+    if (only && name->get<std::string>() != *only) continue;
+    found_only = true;
+    fn["name"] = qualified;
+    names.push_back(qualified);
     if (ns_value.is_object()) {
       const ojson* d = find_key(ns_value, "description");
       if (d != nullptr && d->is_string() && !d->get_ref<const std::string&>().empty()) {

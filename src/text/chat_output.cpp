@@ -431,6 +431,10 @@ std::string ChatOutputParser::next_call_id() {
   return id;
 }
 
+bool is_dsml_name(std::string_view name) {
+  return !name.empty() && name.size() <= kMaxAttributeBytes && name.find_first_of("\"<>\n") == std::string_view::npos;
+}
+
 ChatOutput parse_chat_output(std::string_view text, const ChatOutputOptions& options) {
   ChatOutputParser parser(options);
   parser.feed(text);

@@ -117,6 +117,10 @@ class ChatOutputParser {
   ChatDelta delta_;
 };
 
+// Whether an invoke tag can carry `name` as this parser reads it: 1 to 256 bytes with no '"', '<',
+// '>' or newline. A tool named otherwise could never come back as a call.
+bool is_dsml_name(std::string_view name);
+
 // One-shot parse: feed(text) then finish().
 ChatOutput parse_chat_output(std::string_view text, const ChatOutputOptions& options = {});
 

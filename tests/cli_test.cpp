@@ -890,6 +890,8 @@ TEST(CliServe, AccessFlagsAreValidated) {
       {"--api-key ''", "--api-key: the key is empty"},
       {"--max-connections 0", "--max-connections"},
       {"--request-timeout -1", "--request-timeout"},
+      {"--special-tokens-in bot", "--special-tokens-in: unknown role \"bot\""},
+      {"--special-tokens-in system,", "--special-tokens-in: unknown role \"\""},
   };
   for (const auto& [flags, message] : cases) {
     const auto r = test::run_dsv41(m + flags);

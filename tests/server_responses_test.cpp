@@ -103,6 +103,18 @@ TEST(ResponsesApi, ResponsesOnlyRulesNameTheirField) {
       {{{"input", {{{"type", "web_search_call"}}}}}, "input[0].type"},
       {{{"input", {{{"type", "function_call"}, {"call_id", "c"}, {"name", "f"}}}}}, "input[0].arguments"},
       {{{"input", {{{"type", "function_call_output"}, {"call_id", "nope"}, {"output", "x"}}}}}, "input[0].call_id"},
+      {{{"input", {{{"type", "function_call"}, {"call_id", "c"}, {"name", "f"}, {"arguments", "city=Paris"}}}}},
+       "input[0].arguments"},
+      {{{"input", {{{"type", "function_call"}, {"call_id", "c"}, {"name", "f"}, {"arguments", "[1]"}}}}}, "input[0].arguments"},
+      {{{"input", {{{"type", "function_call"}, {"call_id", ""}, {"name", "f"}, {"arguments", "{}"}}}}}, "input[0].call_id"},
+      {{{"input", {{{"type", "function_call"}, {"call_id", "c"}, {"name", "f"}, {"arguments", "{}"}},
+                   {{"type", "function_call"}, {"call_id", "c"}, {"name", "g"}, {"arguments", "{}"}}}}},
+       "input[1].call_id"},
+      {{{"input", {{{"type", "function_call"}, {"call_id", "c"}, {"name", "f\"x"}, {"arguments", "{}"}}}}}, "input[0].name"},
+      {{{"input", "x"}, {"tools", {{{"type", "function"}, {"name", "f"}, {"parameters", "object"}}}}}, "tools[0].parameters"},
+      {{{"input", "x"}, {"tools", {{{"type", "function"}, {"name", "get<weather>"}}}}}, "tools[0].name"},
+      {{{"input", "x"}, {"tools", {{{"type", "function"}, {"name", "f"}}, {{"type", "function"}, {"name", "f"}}}}},
+       "tools[1].name"},
       {{{"input", "x"}, {"instructions", 3}}, "instructions"},
       {{{"input", "x"}, {"tools", {{{"type", "web_search"}}}}}, "tools[0].type"},
       {{{"input", "x"}, {"tools", {{{"type", "function"}}}}}, "tools[0].name"},
@@ -137,7 +149,8 @@ TEST(ResponsesOutput, ReasoningTextAndAToolCallBecomeItemsAndTypedEvents) {
       "<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"get_weather\">\n"
       "<｜DSML｜ parameter name=\"city\" string=\"true\">Paris</｜DSML｜ parameter>\n"
       "</｜DSML｜ invoke>\n</｜DSML｜ calls>";
-  ApiRequest req = responses({{"input", "Weather?"}, {"stream", true}, {"thinking", true}});
+  ApiRequest req = responses({{"input", "Weather?"}, {"stream", true}, {"thinking", true},
+                              {"tools", {{{"type", "function"}, {"name", "get_weather"}}}}});
   ASSERT_TRUE(req.thinking);
   ResponsesBuilder b(req, "resp_t", 1700000000, fixed_ids());
   const std::vector<ResponsesBuilder::Event> events =

@@ -44,6 +44,8 @@ constexpr const char* kHelp = R"(usage: dsv41 chat -m DIR [options]
 At the prompt: a line is your message; /reset starts a new conversation; /think on|off turns
 reasoning on or off; /exit or Ctrl-D leaves. Ctrl-C stops the answer being written.
 After each answer a line on stderr gives its prompt, cached and generated tokens and its speed.
+Special tokens written in your messages are plain text, as in `dsv41 serve`; the model's answers go
+back into the conversation with their special tokens as it wrote them.
 )";
 
 // `text` with every invalid UTF-8 sequence (a cut token's partial bytes) replaced by U+FFFD, so it
@@ -145,6 +147,10 @@ int run_chat(int argc, char** argv) {
     history.push_back({{"role", "user"}, {"content", valid_utf8(line)}});
     ChatOptions co;
     co.thinking = thinking;
+    // The assistant turns are this process's own answers, never a client's: the special tokens the
+    // model wrote go back as tokens, not spelled out in characters (which would also lengthen the
+    // prompt several times over for a model that writes many). What the person types stays plain.
+    co.special_tokens_in.assistant = true;
     nlohmann::ordered_json request = nlohmann::ordered_json::object();
     request["messages"] = history;
     ChatPrompt prompt;
@@ -156,7 +162,7 @@ int run_chat(int argc, char** argv) {
       continue;
     }
     RequestParams p;
-    p.prompt = engine.tokenizer().encode(prompt.text, /*parse_special=*/true);
+    p.prompt = engine.tokenizer().encode(prompt.text, prompt.plain_spans);
     p.max_tokens = std::min<int64_t>(max_tokens, engine.config().max_seq_len - static_cast<int64_t>(p.prompt.size()));
     p.sampling.temperature = temperature;
     p.sampling.seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());

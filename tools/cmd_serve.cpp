@@ -29,6 +29,7 @@
 #include "server/access_policy.h"
 #include "server/http_server.h"
 #include "server/line_log.h"
+#include "text/chat_encoding.h"
 #include "util/error.h"
 
 namespace dsv41::cli {
@@ -73,6 +74,13 @@ constexpr const char* kHelp = R"(usage: dsv41 serve -m DIR [options]
       --header-timeout S     deadline for a whole request head, keep-alive idling included (default 30)
       --body-timeout S       deadline for a whole request body (default 60)
       --thinking on|off      chat template default when a request does not say (default on)
+      --special-tokens-in ROLES
+                             the roles whose message text may write control tokens ("<｜User｜>",
+                             "</think>", "｜DSML｜", EOS written in it becoming those tokens): all (the
+                             reference encoder's behaviour), none, or a comma-separated list of system,
+                             user, assistant, tool, latest_reminder (default system,latest_reminder).
+                             The other roles' text is tokenized as plain characters, so a tool result
+                             or a pasted document cannot end its turn and forge another
       --max-images N         image parts one chat request may carry (default 8; 0 refuses images)
       --max-image-pixels N   width x height of all the images of one request together, read from their
                              headers before any is decoded (default 41943040)
@@ -181,7 +189,7 @@ int run_serve(int argc, char** argv, MpiJob* job) {
              "--request-timeout", "--header-timeout", "--body-timeout", "--speculative", "--draft-length",
              "--max-client-connections", "--bodies-in-flight-mb", "--shutdown-grace", "--stall-timeout",
              "--role", "--prefill-peer", "--handover", "--handover-listen", "--handover-timeout", "--max-images",
-             "--max-image-pixels", "--rank-timeout"},
+             "--max-image-pixels", "--rank-timeout", "--special-tokens-in"},
             {"--log-requests", "--test-hooks", "--expert-parallel"}, {{"-m", "--model"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
 
@@ -245,6 +253,9 @@ int run_serve(int argc, char** argv, MpiJob* job) {
   const std::string thinking = args.get("--thinking", "on");
   if (thinking != "on" && thinking != "off") fail("--thinking", "must be on or off, got \"" + thinking + "\"");
   so.chat.thinking = thinking == "on";
+  if (args.has("--special-tokens-in")) {
+    so.chat.special_tokens_in = parse_special_token_roles(args.get("--special-tokens-in"), "--special-tokens-in");
+  }
   so.log_requests = args.has("--log-requests");
   so.test_hooks = args.has("--test-hooks");
   so.images.max_images = static_cast<size_t>(args.get_int("--max-images", 8, 0, 1024));

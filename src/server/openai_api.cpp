@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "server/access_policy.h"
+#include "server/chat_fields.h"
 #include "server/json_body.h"
 #include "server/json_fields.h"
 #include "util/error.h"
@@ -87,6 +88,7 @@ void parse_chat(const ojson& body, const ModelInfo& model, ApiRequest& req) {
   if (!messages->is_array()) throw invalid_request("messages", "messages must be an array, got " + kind(*messages));
   if (messages->empty()) throw invalid_request("messages", "messages must not be empty");
 
+  check_chat_fields(body);
   ChatPrompt prompt;
   try {
     prompt = render_chat(body, model.chat);
@@ -99,9 +101,9 @@ void parse_chat(const ojson& body, const ModelInfo& model, ApiRequest& req) {
   // each image part became a placeholder in the text; the engine expands it into the image's span
   req.params.images = load_image_parts(prompt.images, model.vision, model.images);
   req.thinking = prompt.starts_in_reasoning;  // where the output begins (a continued answer starts outside reasoning)
+  req.params.prompt = model.tokenizer->encode(prompt.text, prompt.plain_spans);
   req.prompt_text = std::move(prompt.text);
-  req.params.prompt = model.tokenizer->encode(req.prompt_text, /*parse_special=*/true);
-  if (const ojson* tools = field(body, "tools")) req.tools = tools->is_array() && !tools->empty();
+  req.tool_names = std::move(prompt.tool_names);
 
   req.logprobs = get_bool(body, "logprobs", false);
   if (const ojson* top = field(body, "top_logprobs")) {

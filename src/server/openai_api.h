@@ -16,8 +16,10 @@
 // Extension fields (dsv41's): speculative ("dspark" or "off"; default: serve --speculative),
 //   draft_length (0..DSpark's block size; 0: adaptive), prefill_mode ("exact" or "tail").
 // Prompts are tokenized with special-token parsing, as the reference pipeline does (chat-encoding.md
-// §2.7): a chat prompt is the rendered template; a completions string prompt gets BOS in front, as
-// Hugging Face tokenizers add it for DeepSeek models; token-id prompts are used as given.
+// §2.7), except for a chat prompt's plain spans: the text of the roles ModelInfo::chat's
+// special_tokens_in leaves out (serve --special-tokens-in) is tokenized as ordinary characters. A
+// completions string prompt is the client's own template: BOS in front, as Hugging Face tokenizers
+// add it for DeepSeek models, and every special token parsed; token-id prompts are used as given.
 #pragma once
 
 #include <cstdint>
@@ -70,7 +72,7 @@ struct ApiRequest {
   bool logprobs = false;        // return logprobs (top count in params.top_logprobs)
   bool echo = false;            // completions: the prompt text starts the returned text
   bool thinking = false;        // chat: the prompt ends inside <think>, so output starts as reasoning
-  bool tools = false;           // chat: tools were offered
+  std::vector<std::string> tool_names;  // chat: the tools a generated call may name (ChatPrompt::tool_names)
   std::string prompt_text;      // chat: the rendered prompt; completions: the prompt as text
   RequestParams params;         // what the engine gets
   nlohmann::json responses_echo;  // Responses: the request fields the Response object repeats

@@ -45,6 +45,7 @@ ResponseBuilder::ResponseBuilder(const ApiRequest& request, const Tokenizer& tok
                                  int64_t created, ChatOutputOptions parser_options)
     : request_(request), tokenizer_(tokenizer), id_(std::move(id)), created_(created), parser_([&] {
         parser_options.thinking = request.thinking;
+        parser_options.tools = request.tool_names;
         return parser_options;
       }()) {
   request_.params.prompt = {};

@@ -4,7 +4,9 @@
 #include <string>
 
 #include "server/access_policy.h"
+#include "server/chat_fields.h"
 #include "server/json_fields.h"
+#include "text/chat_output.h"
 
 namespace dsv41::server {
 namespace {
@@ -133,10 +135,21 @@ ojson messages_of(const ojson& body) {
       }
     } else if (type == "function_call") {
       const std::string& call_id = required_string(item, "call_id", where);
+      if (call_id.empty()) throw invalid_request(where + ".call_id", where + ".call_id must not be empty");
+      if (call_ids.count(call_id) != 0) {
+        throw invalid_request(where + ".call_id", where + ".call_id \"" + printable(call_id) + "\" is an earlier call's");
+      }
+      const std::string& name = required_string(item, "name", where);
+      if (!is_dsml_name(name)) {
+        throw invalid_request(where + ".name", where + ".name must be at most 256 bytes without '\"', '<', '>' or a newline");
+      }
+      const std::string& arguments = required_string(item, "arguments", where);
+      if (!is_arguments_object(arguments)) {
+        throw invalid_request(where + ".arguments", where + ".arguments must be JSON text of an object");
+      }
       ojson call = {{"id", call_id},
                     {"type", "function"},
-                    {"function",
-                     {{"name", required_string(item, "name", where)}, {"arguments", required_string(item, "arguments", where)}}}};
+                    {"function", {{"name", name}, {"arguments", arguments}}}};
       ojson& turn = assistant_turn();
       if (!turn.contains("tool_calls")) turn["tool_calls"] = ojson::array();
       turn["tool_calls"].push_back(std::move(call));
@@ -271,8 +284,12 @@ ApiRequest parse_responses_request(std::string_view text, const ModelInfo& model
   try {
     req = parse_request_json(Endpoint::ChatCompletions, chat, model);
   } catch (ApiError& e) {
-    // the chat route's names for the fields this route renames
+    // the chat route's names for the fields this route renames; tools keep their order, their
+    // function's fields sit on the tool itself
     if (e.param == "max_tokens") e.param = "max_output_tokens";
+    if (const size_t f = e.param.find("].function."); e.param.starts_with("tools[") && f != std::string::npos) {
+      e.param.erase(f + 1, std::string_view(".function").size());
+    }
     if (e.param == "reasoning_effort") e.param = "reasoning.effort";
     if (e.param == "response_format") e.param = "text.format";
     throw;

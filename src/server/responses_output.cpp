@@ -16,6 +16,7 @@ ResponsesBuilder::ResponsesBuilder(const ApiRequest& request, std::string id, in
                                    ChatOutputOptions parser_options)
     : request_(request), id_(std::move(id)), created_(created), parser_([&] {
         parser_options.thinking = request.thinking;
+        parser_options.tools = request.tool_names;
         return parser_options;
       }()) {
   request_.params.prompt = {};

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "text/chat_output.h"
 #include "util/error.h"
 
 namespace dsv41 {
@@ -166,10 +167,15 @@ constexpr std::string_view kToolsTail =
 // ---------------------------------------------------------------------------------------------
 // Normalised messages
 
+// A message's content parts in order, joined by "\n\n" when rendered. An image part is exactly the
+// placeholder: text that spells it is refused (docs §2.2 step 1), so every placeholder is a slot.
+using Parts = std::vector<std::string>;
+
 struct Block {
   bool tool_result = false;
-  std::string text;  // a text part, or the content of a tool result
+  Parts parts;  // a user text or image part, or the content of a tool result
   std::string tool_call_id;
+  bool plain = false;  // its role may not write control tokens (SpecialTokenRoles)
 };
 
 struct Call {
@@ -180,13 +186,15 @@ struct Call {
 
 struct Msg {
   std::string role;             // system, user, assistant, latest_reminder; tool until merged
-  std::string content;          // all roles but user / tool
+  Parts content;                // all roles but user / tool
   std::vector<Block> blocks;    // user and tool
   std::string reasoning;        // assistant
   std::vector<Call> calls;      // assistant
-  std::string system_suffix;    // index-0 system: "\n\n" + tools block, "\n\n" + response format
+  std::string tool_schemas;     // index-0 system: the tools' schema lines (docs §3.1)
+  std::string response_format;  // index-0 system: the response_format object as JSON text
   bool has_tools = false;
   bool wo_eos = false;
+  bool plain = false;           // content, reasoning and calls: the role may not write control tokens
 };
 
 std::string type_name(const ojson& v) { return v.type_name(); }
@@ -302,7 +310,8 @@ std::string join(const std::vector<std::string>& parts, std::string_view sep) {
   return out;
 }
 
-// Splits "ns::name" and checks it against an explicit namespace (docs §3.1 namespaces).
+// Splits "ns::name" and checks it against an explicit namespace (docs §3.1 namespaces). The result is
+// what an invoke tag carries, so it must be a name the output parser can read back.
 std::string qualified_name(const std::string& name, std::optional<std::string> space, const std::string& where) {
   if (name.empty()) fail(where, "must not be empty");
   std::string bare = name;
@@ -317,7 +326,12 @@ std::string qualified_name(const std::string& name, std::optional<std::string> s
   }
   if (bare.find("::") != std::string::npos) fail(where, "a tool name must not contain '::' twice");
   if (space && space->find("::") != std::string::npos) fail(where, "a namespace must not contain '::'");
-  return space ? *space + "::" + bare : bare;
+  std::string qualified = space ? *space + "::" + bare : bare;
+  if (!is_dsml_name(qualified)) {
+    fail(where, "a tool name must be at most 256 bytes without '\"', '<', '>' or a newline (a DSML invoke tag "
+                "carries it)");
+  }
+  return qualified;
 }
 
 std::vector<Call> parse_calls(const ojson& msg, const std::string& where) {
@@ -351,7 +365,8 @@ std::vector<Call> parse_calls(const ojson& msg, const std::string& where) {
 }
 
 // One request message → Msg. `index` is its position in context + messages (developer maps on it).
-Msg parse_message(const ojson& m, size_t index, const std::string& where, std::vector<ojson>* images) {
+Msg parse_message(const ojson& m, size_t index, const std::string& where, std::vector<ojson>* images,
+                  const SpecialTokenRoles& roles) {
   if (!m.is_object()) fail(where, "must be an object, got " + type_name(m));
   const ojson* role_v = find_key(m, "role");
   if (role_v == nullptr || !role_v->is_string()) fail(where + ".role", "must be a string");
@@ -363,13 +378,14 @@ Msg parse_message(const ojson& m, size_t index, const std::string& where, std::v
     fail(where + ".role", "unknown role \"" + role_v->get<std::string>() +
                               "\" (expected system, user, assistant, tool, latest_reminder or developer)");
   }
-  std::vector<std::string> parts = content_parts(m, where, images);
+  msg.plain = !roles.parses(msg.role);
+  Parts parts = content_parts(m, where, images);
   if (msg.role == "user") {
-    for (std::string& p : parts) msg.blocks.push_back(Block{false, std::move(p), ""});
+    for (std::string& p : parts) msg.blocks.push_back(Block{false, {std::move(p)}, "", msg.plain});
   } else if (msg.role == "tool") {
-    msg.blocks.push_back(Block{true, join(parts, "\n\n"), optional_string(m, "tool_call_id", where)});
+    msg.blocks.push_back(Block{true, std::move(parts), optional_string(m, "tool_call_id", where), msg.plain});
   } else {
-    msg.content = join(parts, "\n\n");
+    msg.content = std::move(parts);
   }
   if (msg.role == "assistant") {
     const char* key = m.contains("reasoning_content") ? "reasoning_content" : "reasoning";
@@ -380,10 +396,12 @@ Msg parse_message(const ojson& m, size_t index, const std::string& where, std::v
   return msg;
 }
 
-std::vector<Msg> parse_messages(const ojson& list, const char* name, size_t first_index, std::vector<ojson>* images) {
+std::vector<Msg> parse_messages(const ojson& list, const char* name, size_t first_index, std::vector<ojson>* images,
+                                const SpecialTokenRoles& roles) {
   std::vector<Msg> out;
   for (size_t i = 0; i < list.size(); ++i) {
-    out.push_back(parse_message(list[i], first_index + i, std::string(name) + "[" + std::to_string(i) + "]", images));
+    out.push_back(
+        parse_message(list[i], first_index + i, std::string(name) + "[" + std::to_string(i) + "]", images, roles));
   }
   return out;
 }
@@ -391,8 +409,13 @@ std::vector<Msg> parse_messages(const ojson& list, const char* name, size_t firs
 // ---------------------------------------------------------------------------------------------
 // Request-level parts
 
-// The index-0 system suffix for the request's tools (docs §3.1), after tool_choice filtering.
-std::string render_tools(const ojson& request) {
+// The tools the prompt offers, after tool_choice filtering: their schema lines (docs §3.1) and names.
+struct OfferedTools {
+  std::string schemas;
+  std::vector<std::string> names;
+};
+
+OfferedTools render_tools(const ojson& request) {
   const ojson* tools = find_key(request, "tools");
   if (tools != nullptr && !tools->is_array()) fail("tools", "must be an array, got " + type_name(*tools));
   const size_t tool_count = tools == nullptr ? 0 : tools->size();
@@ -420,6 +443,8 @@ std::string render_tools(const ojson& request) {
   }
 
   std::vector<std::string> schemas;
+  std::vector<std::string> names;     // offered, after tool_choice
+  std::vector<std::string> declared;  // all
   bool found_only = false;
   for (size_t k = 0; k < tool_count; ++k) {
     const ojson& tool = (*tools)[k];
@@ -430,8 +455,6 @@ std::string render_tools(const ojson& request) {
     if (fn_v == nullptr || !fn_v->is_object()) fail(where + ".function", "must be an object");
     const ojson* name = find_key(*fn_v, "name");
     if (name == nullptr || !name->is_string()) fail(where + ".function.name", "must be a string");
-    if (only && name->get<std::string>() != *only) continue;
-    found_only = true;
 
     // The schema line is the function object as sent, with the name namespace-qualified and a
     // namespace description put in front of the tool's description.
@@ -452,7 +475,16 @@ std::string render_tools(const ojson& request) {
         fail(where + ".namespace", "must be a string or an object");
       }
     }
-    fn["name"] = qualified_name(name->get<std::string>(), space, where + ".function.name");
+    const std::string qualified = qualified_name(name->get<std::string>(), space, where + ".function.name");
+    // A call names its tool, so two tools of one name would leave a call's target to chance.
+    if (std::find(declared.begin(), declared.end(), qualified) != declared.end()) {
+      fail(where + ".function.name", "\"" + qualified + "\" names an earlier tool too");
+    }
+    declared.push_back(qualified);
+    if (only && name->get<std::string>() != *only) continue;
+    found_only = true;
+    fn["name"] = qualified;
+    names.push_back(qualified);
     if (ns_value.is_object()) {
       const ojson* d = find_key(ns_value, "description");
       if (d != nullptr && d->is_string() && !d->get_ref<const std::string&>().empty()) {
@@ -464,8 +496,8 @@ std::string render_tools(const ojson& request) {
     schemas.push_back(python_json_dumps(fn));
   }
   if (only && !found_only) fail("tool_choice.function.name", "names \"" + *only + "\", which is not in tools");
-  if (none || schemas.empty()) return "";
-  return std::string(kToolsHead) + join(schemas, "\n") + std::string(kToolsTail);
+  if (none || schemas.empty()) return {};
+  return {join(schemas, "\n"), std::move(names)};
 }
 
 std::string render_response_format(const ojson& request) {
@@ -475,7 +507,7 @@ std::string render_response_format(const ojson& request) {
   const ojson* type = find_key(*rf, "type");
   if (type == nullptr || !type->is_string()) fail("response_format.type", "must be a string");
   if (*type == "text") return "";  // OpenAI's default: no constraint to state
-  return std::string(kResponseFormatHead) + python_json_dumps(*rf);
+  return python_json_dumps(*rf);
 }
 
 struct Knobs {
@@ -605,77 +637,135 @@ std::ptrdiff_t last_user_index(const std::vector<Msg>& msgs) {
 // ---------------------------------------------------------------------------------------------
 // Rendering (docs §2.3, §3.2)
 
-std::string render_calls(const std::vector<Call>& calls) {
-  std::vector<std::string> invokes;
-  for (const Call& c : calls) {
-    // Arguments may be an object, a JSON string or a doubly encoded one; anything else becomes a
-    // single string parameter "arguments" holding the value as sent.
-    const ojson* obj = c.arguments;
-    ojson decoded;
-    if (!obj->is_object()) {
-      decoded = *c.arguments;
-      for (int round = 0; round < 2 && decoded.is_string(); ++round) {
-        try {
-          decoded = ojson::parse(decoded.get<std::string>());
-        } catch (const nlohmann::json::exception&) {
-          break;
-        }
+// The prompt as it is written: the template's markup (control tokens included) and message text,
+// whose span is recorded when its role may not write control tokens.
+class PromptWriter {
+ public:
+  explicit PromptWriter(ChatPrompt& prompt) : prompt_(prompt) {}
+
+  void markup(std::string_view s) { prompt_.text += s; }
+  void text(std::string_view s, bool plain) {
+    std::vector<TextSpan>& spans = prompt_.plain_spans;
+    const size_t at = prompt_.text.size();
+    if (plain && !s.empty()) {
+      if (!spans.empty() && spans.back().end == at) {
+        spans.back().end += s.size();
+      } else {
+        spans.push_back(TextSpan{at, at + s.size()});
       }
-      if (!decoded.is_object()) {
-        decoded = ojson::object();
-        decoded["arguments"] = *c.arguments;
-      }
-      obj = &decoded;
     }
-    std::vector<std::string> params;
-    for (const auto& [key, value] : obj->items()) {
-      std::string p = std::string(kDsmlParamOpen) + " name=\"" + key + "\" string=\"" +
-                      (value.is_string() ? "true" : "false") + "\">";
-      p += value.is_string() ? value.get<std::string>() : python_json_dumps(value);
-      p += kDsmlParamClose;
-      params.push_back(std::move(p));
-    }
-    invokes.push_back(std::string(kDsmlInvokeOpen) + " name=\"" + c.name + "\">\n" + join(params, "\n") + "\n" +
-                      std::string(kDsmlInvokeClose));
+    prompt_.text += s;
   }
-  return "\n\n" + std::string(kDsmlCallsOpen) + "\n" + join(invokes, "\n") + "\n" + std::string(kDsmlCallsClose);
+  // Content parts: an image's placeholder stays markup, so its slot is a control token whatever the role.
+  void parts(const Parts& parts, bool plain) {
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (i > 0) markup("\n\n");
+      if (parts[i] == kImagePlaceholder) {
+        markup(parts[i]);
+      } else {
+        text(parts[i], plain);
+      }
+    }
+  }
+
+ private:
+  ChatPrompt& prompt_;
+};
+
+// A call's arguments as an object: an object, a JSON string or a doubly encoded one; anything else
+// becomes a single string parameter "arguments" holding the value as sent (docs §3.2).
+ojson arguments_object(const ojson& arguments) {
+  if (arguments.is_object()) return arguments;
+  ojson decoded = arguments;
+  for (int round = 0; round < 2 && decoded.is_string(); ++round) {
+    try {
+      decoded = ojson::parse(decoded.get<std::string>());
+    } catch (const nlohmann::json::exception&) {
+      break;
+    }
+  }
+  if (decoded.is_object()) return decoded;
+  ojson wrapped = ojson::object();
+  wrapped["arguments"] = arguments;
+  return wrapped;
 }
 
-std::string render_message(const std::vector<Msg>& msgs, size_t index, const Knobs& k, bool drop,
-                           std::ptrdiff_t last_user) {
+// The DSML block of an assistant turn's calls; names, keys and values are the message's text.
+void write_calls(PromptWriter& out, const std::vector<Call>& calls, bool plain) {
+  out.markup("\n\n");
+  out.markup(kDsmlCallsOpen);
+  out.markup("\n");
+  for (size_t i = 0; i < calls.size(); ++i) {
+    if (i > 0) out.markup("\n");
+    out.markup(kDsmlInvokeOpen);
+    out.markup(" name=\"");
+    out.text(calls[i].name, plain);
+    out.markup("\">\n");
+    bool first = true;
+    const ojson arguments = arguments_object(*calls[i].arguments);
+    for (const auto& [key, value] : arguments.items()) {
+      if (!first) out.markup("\n");
+      first = false;
+      out.markup(kDsmlParamOpen);
+      out.markup(" name=\"");
+      out.text(key, plain);
+      out.markup(value.is_string() ? "\" string=\"true\">" : "\" string=\"false\">");
+      out.text(value.is_string() ? value.get_ref<const std::string&>() : python_json_dumps(value), plain);
+      out.markup(kDsmlParamClose);
+    }
+    out.markup("\n");
+    out.markup(kDsmlInvokeClose);
+  }
+  out.markup("\n");
+  out.markup(kDsmlCallsClose);
+}
+
+void render_message(PromptWriter& out, const std::vector<Msg>& msgs, size_t index, const Knobs& k, bool drop,
+                    std::ptrdiff_t last_user) {
   const Msg& m = msgs[index];
   const auto i = static_cast<std::ptrdiff_t>(index);
-  std::string out;
   const bool effort_prefix = index == 0 && k.thinking;
-  if (index == 0 && (effort_prefix || m.role == "system")) out += kSystemToken;
+  if (index == 0 && (effort_prefix || m.role == "system")) out.markup(kSystemToken);
   if (effort_prefix) {
-    out += kEffortHead;
-    out += std::to_string(k.effort);
-    out += kEffortTail;
+    out.markup(kEffortHead);
+    out.markup(std::to_string(k.effort));
+    out.markup(kEffortTail);
   }
 
   if (m.role == "system") {
-    if (index > 0) out += kSystemToken;
-    out += m.content;
-    out += m.system_suffix;
-  } else if (m.role == "user") {
-    out += kUserToken;
-    std::vector<std::string> parts;
-    for (const Block& b : m.blocks) {
-      parts.push_back(b.tool_result ? "<tool_result>" + b.text + "</tool_result>" : b.text);
+    if (index > 0) out.markup(kSystemToken);
+    out.parts(m.content, m.plain);
+    if (!m.tool_schemas.empty()) {
+      out.markup("\n\n");
+      out.markup(kToolsHead);
+      out.text(m.tool_schemas, m.plain);
+      out.markup(kToolsTail);
     }
-    out += join(parts, "\n\n");
+    if (!m.response_format.empty()) {
+      out.markup("\n\n");
+      out.markup(kResponseFormatHead);
+      out.text(m.response_format, m.plain);
+    }
+  } else if (m.role == "user") {
+    out.markup(kUserToken);
+    for (size_t b = 0; b < m.blocks.size(); ++b) {
+      const Block& block = m.blocks[b];
+      if (b > 0) out.markup("\n\n");
+      if (block.tool_result) out.markup("<tool_result>");
+      out.parts(block.parts, block.plain);
+      if (block.tool_result) out.markup("</tool_result>");
+    }
   } else if (m.role == "latest_reminder") {
-    out += kLatestReminderToken;
-    out += m.content;
+    out.markup(kLatestReminderToken);
+    out.parts(m.content, m.plain);
   } else {  // assistant
     if (k.thinking && (!drop || i > last_user)) {
-      out += m.reasoning;
-      out += kThinkClose;
+      out.text(m.reasoning, m.plain);
+      out.markup(kThinkClose);
     }
-    out += m.content;
-    if (!m.calls.empty()) out += render_calls(m.calls);
-    if (!m.wo_eos) out += kEosToken;
+    out.parts(m.content, m.plain);
+    if (!m.calls.empty()) write_calls(out, m.calls, m.plain);
+    if (!m.wo_eos) out.markup(kEosToken);
   }
 
   // The generation header follows a user turn or mid-conversation system message when it is last
@@ -684,10 +774,9 @@ std::string render_message(const std::vector<Msg>& msgs, size_t index, const Kno
   const bool next_answers = index + 1 == msgs.size() || msgs[index + 1].role == "assistant" ||
                             msgs[index + 1].role == "latest_reminder";
   if (user_like && next_answers) {
-    out += kAssistantToken;
-    out += k.thinking && (!drop || i >= last_user) ? kThinkOpen : kThinkClose;
+    out.markup(kAssistantToken);
+    out.markup(k.thinking && (!drop || i >= last_user) ? kThinkOpen : kThinkClose);
   }
-  return out;
 }
 
 // A tool result needs an assistant tool call before it (user / system turns may sit between).
@@ -737,6 +826,38 @@ std::string python_json_dumps(const nlohmann::ordered_json& value) {
   return out;
 }
 
+bool SpecialTokenRoles::parses(std::string_view role) const {
+  if (role == "system") return system;
+  if (role == "user") return user;
+  if (role == "assistant") return assistant;
+  if (role == "tool") return tool;
+  return role == "latest_reminder" && latest_reminder;
+}
+
+SpecialTokenRoles parse_special_token_roles(std::string_view list, const std::string& where) {
+  SpecialTokenRoles none{false, false, false, false, false};
+  if (list == "none") return none;
+  if (list == "all") return {true, true, true, true, true};
+  SpecialTokenRoles roles = none;
+  for (size_t start = 0; start <= list.size();) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    const std::string_view role = list.substr(start, comma - start);
+    bool* flag = role == "system"            ? &roles.system
+                 : role == "user"            ? &roles.user
+                 : role == "assistant"       ? &roles.assistant
+                 : role == "tool"            ? &roles.tool
+                 : role == "latest_reminder" ? &roles.latest_reminder
+                                             : nullptr;
+    if (flag == nullptr) {
+      fail(where, "unknown role \"" + std::string(role) +
+                      "\": give all, none or a comma-separated list of system, user, assistant, tool, latest_reminder");
+    }
+    *flag = true;
+    start = comma + 1;
+  }
+  return roles;
+}
+
 ChatPrompt render_chat(const nlohmann::ordered_json& request, const ChatOptions& options) {
   if (!request.is_object()) fail("request", "must be a JSON object");
   const ojson* messages_v = find_key(request, "messages");
@@ -750,8 +871,10 @@ ChatPrompt render_chat(const nlohmann::ordered_json& request, const ChatOptions&
   ChatPrompt result;
   result.thinking = knobs.thinking;
 
-  std::vector<Msg> context = context_v ? parse_messages(*context_v, "context", 0, nullptr) : std::vector<Msg>{};
-  std::vector<Msg> messages = parse_messages(*messages_v, "messages", context.size(), &result.images);
+  const SpecialTokenRoles& roles = options.special_tokens_in;
+  std::vector<Msg> context =
+      context_v ? parse_messages(*context_v, "context", 0, nullptr, roles) : std::vector<Msg>{};
+  std::vector<Msg> messages = parse_messages(*messages_v, "messages", context.size(), &result.images, roles);
   bool calls_pending = false;
   check_tool_messages(context, "context", calls_pending);
   check_tool_messages(messages, "messages", calls_pending);
@@ -764,19 +887,22 @@ ChatPrompt render_chat(const nlohmann::ordered_json& request, const ChatOptions&
 
   // Tools and response_format belong to the system message at index 0 of the whole conversation;
   // one is inserted when the conversation does not start with a system message (as vLLM does).
-  const std::string tools = render_tools(request);
+  OfferedTools tools = render_tools(request);
   const std::string response_format = render_response_format(request);
-  if (!tools.empty() || !response_format.empty()) {
+  if (!tools.schemas.empty() || !response_format.empty()) {
     std::vector<Msg>& head = context.empty() ? messages : context;
     if (head.front().role != "system") {
       Msg system;
       system.role = "system";
+      system.plain = !roles.system;
       head.insert(head.begin(), std::move(system));
     }
-    if (!tools.empty()) head.front().system_suffix += "\n\n" + tools;
-    if (!response_format.empty()) head.front().system_suffix += "\n\n" + response_format;
-    head.front().has_tools = !tools.empty();
+    // The schemas and the format are the request's text, as trusted as its system prompt.
+    head.front().tool_schemas = tools.schemas;
+    head.front().response_format = response_format;
+    head.front().has_tools = !tools.schemas.empty();
   }
+  result.tool_names = std::move(tools.names);
 
   // Context and new messages merge separately but are ordered, and judged for dropping, together.
   context = merge_user_turns(std::move(context));
@@ -796,8 +922,9 @@ ChatPrompt render_chat(const nlohmann::ordered_json& request, const ChatOptions&
 
   // Only a final assistant turn (continued, or a complete history) leaves reasoning closed.
   result.starts_in_reasoning = knobs.thinking && full.back().role != "assistant";
-  if (options.add_bos && context_len == 0) result.text += kBosToken;
-  for (size_t i = context_len; i < full.size(); ++i) result.text += render_message(full, i, knobs, drop, last_user);
+  PromptWriter out(result);
+  if (options.add_bos && context_len == 0) out.markup(kBosToken);
+  for (size_t i = context_len; i < full.size(); ++i) render_message(out, full, i, knobs, drop, last_user);
   return result;
 }
 

@@ -1,6 +1,7 @@
 // Renders an OpenAI-style chat request into the DeepSeek-V4.1 prompt string, following the release
 // encoder (encoding/encoding.py) as restated in docs/chat-encoding.md. The result is meant to be
-// tokenized with special-token parsing and without an extra BOS.
+// tokenized with special-token parsing outside its plain spans (Tokenizer::encode(text, plain_spans))
+// and without an extra BOS.
 //
 // The request must be a nlohmann::ordered_json: tool schemas, response_format and tool-call arguments
 // are written back in the order the client sent their keys, and nlohmann::json would sort them. The
@@ -28,6 +29,13 @@
 //                             EOS) so generation continues it.
 //   context                   messages already encoded: rendered output starts after them, no BOS;
 //                             they still count for merging, ordering and the drop rule.
+// Special tokens written inside message text ("<｜User｜>", "</think>", "｜DSML｜", EOS) become control
+// tokens in the reference, which tokenizes the whole prompt with special-token parsing
+// (chat-encoding.md §2.7): a tool result could close its turn and forge a system one. Here that holds
+// only for the roles ChatOptions::special_tokens_in names; the text of the others (content, reasoning,
+// tool-call names and arguments, tool results) is recorded in ChatPrompt::plain_spans, and the template's
+// own markup around it stays control tokens. The rendered text is the same either way; only its
+// tokenization differs, and only where such text holds a special token's characters.
 // Bad input throws dsv41::Error whose message starts with the offending field, e.g.
 // "messages[2].role: unknown role \"bot\"".
 #pragma once
@@ -37,6 +45,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "text/tokenizer.h"
 
 namespace dsv41 {
 
@@ -58,10 +68,33 @@ inline constexpr std::string_view kDsmlInvokeClose = "</｜DSML｜ invoke>";
 inline constexpr std::string_view kDsmlParamOpen = "<｜DSML｜ parameter";
 inline constexpr std::string_view kDsmlParamClose = "</｜DSML｜ parameter>";
 
+// The roles whose message text may write control tokens (the rest is tokenized as plain characters).
+// The default trusts the text the application writes itself and nothing a third party can reach:
+//   system (developer at index 0), latest_reminder: the operator's or application's instructions;
+//   tool: a tool result carries whatever the tool read (a web page, a file), the classic injection;
+//   user: the person typing, or a document pasted for them, is not the operator either, and a chat
+//         user has no business writing the template's markers;
+//   assistant: history the client sends back, where a document the model once copied into its answer
+//         would otherwise turn into control tokens on the next turn.
+// All five on is the reference encoder's behaviour. developer counts as the role it renders as.
+struct SpecialTokenRoles {
+  bool system = true;
+  bool user = false;
+  bool assistant = false;
+  bool tool = false;
+  bool latest_reminder = true;
+
+  bool parses(std::string_view role) const;  // role: system, user, assistant, tool or latest_reminder
+};
+// "all", "none" or a comma-separated list of system, user, assistant, tool, latest_reminder. Bad input
+// throws Error naming `where` (e.g. the command-line flag).
+SpecialTokenRoles parse_special_token_roles(std::string_view list, const std::string& where);
+
 struct ChatOptions {
   bool thinking = true;       // used when the request does not say (server policy; vLLM's default)
   bool drop_thinking = true;  // the release encoder's default; a request may override it
   bool add_bos = true;        // write BOS at the start (never with a context)
+  SpecialTokenRoles special_tokens_in;  // server policy: no request field changes it
 };
 
 struct ChatPrompt {
@@ -74,6 +107,12 @@ struct ChatPrompt {
   // One record per <｜deepseek_image｜> of the rendered (non-context) messages, in prompt order:
   // {"type":"image","url":...} for image_url parts, or the source/url/data keys of image parts.
   std::vector<nlohmann::ordered_json> images;
+  // The spans of `text` written from message text of roles outside ChatOptions::special_tokens_in, in
+  // order: tokenize with Tokenizer::encode(text, plain_spans) and their characters stay ordinary text.
+  std::vector<TextSpan> plain_spans;
+  // The tools the prompt offers the model (namespace-qualified as rendered, after tool_choice; none
+  // with tool_choice "none"): the only names a generated call may use (ChatOutputOptions::tools).
+  std::vector<std::string> tool_names;
 };
 
 ChatPrompt render_chat(const nlohmann::ordered_json& request, const ChatOptions& options = {});

@@ -107,9 +107,12 @@ size_t partial_marker_length(std::string_view s, std::span<const std::string_vie
 
 bool all_space(std::string_view s) { return std::all_of(s.begin(), s.end(), is_space); }
 
-// Markers that end a run of text in each mode; each starts with its only '<'.
+// Markers that end a run of text in each mode, with and without tools to call; each starts with its
+// only '<'.
 constexpr std::string_view kReasoningMarkers[] = {kThinkClose, kThinkOpen, kDsmlCallsOpen, kEosToken};
 constexpr std::string_view kContentMarkers[] = {kThinkClose, kDsmlCallsOpen, kEosToken};
+constexpr std::string_view kReasoningMarkersNoCalls[] = {kThinkClose, kThinkOpen, kEosToken};
+constexpr std::string_view kContentMarkersNoCalls[] = {kThinkClose, kEosToken};
 constexpr std::string_view kValueMarkers[] = {kDsmlClosePrefix, kEosToken};
 
 }  // namespace
@@ -151,13 +154,19 @@ ChatDelta ChatOutputParser::run(bool final) {
   return std::exchange(delta_, ChatDelta{});
 }
 
-// Reasoning or content: text up to the next marker, holding back a possible partial marker and up
-// to two newlines that may turn out to be a tool block's separator.
+bool ChatOutputParser::offers(std::string_view name) const {
+  return std::find(options_.tools.begin(), options_.tools.end(), name) != options_.tools.end();
+}
+
+// Reasoning or content: text up to the next marker, holding back a possible partial marker and (when
+// a call may come) up to two newlines that may turn out to be a tool block's separator.
 bool ChatOutputParser::step_text(bool final) {
   const std::string_view rest = std::string_view(buf_).substr(pos_);
   const bool reasoning = mode_ == Mode::Reasoning;
-  const std::span<const std::string_view> markers =
-      reasoning ? std::span<const std::string_view>(kReasoningMarkers) : std::span<const std::string_view>(kContentMarkers);
+  const bool calls = !options_.tools.empty();
+  using Markers = std::span<const std::string_view>;
+  const Markers markers = reasoning ? (calls ? Markers(kReasoningMarkers) : Markers(kReasoningMarkersNoCalls))
+                                    : (calls ? Markers(kContentMarkers) : Markers(kContentMarkersNoCalls));
   size_t at = std::string_view::npos;
   std::string_view found;
   for (const std::string_view m : markers) {
@@ -199,7 +208,7 @@ bool ChatOutputParser::step_text(bool final) {
     return false;
   }
   size_t cut = rest.size() - partial_marker_length(rest, markers);
-  for (int i = 0; i < 2 && cut > 0 && rest[cut - 1] == '\n'; ++i) --cut;
+  for (int i = 0; calls && i < 2 && cut > 0 && rest[cut - 1] == '\n'; ++i) --cut;
   emit_text(mode_, rest.substr(0, cut));
   pos_ += cut;
   return false;
@@ -234,6 +243,10 @@ bool ChatOutputParser::step_block(bool final) {
   }
 
   if (open.status() == Match::Ok) {
+    if (place_ == Place::Between && !offers(name)) {  // a tool the request did not offer: text
+      end_block_early(pos_, false);
+      return true;
+    }
     pos_ += open.length();
     if (place_ == Place::Between) {
       open_call(name);
@@ -416,6 +429,10 @@ std::string ChatOutputParser::next_call_id() {
   std::string id = "call_";
   for (int i = 0; i < 24; ++i) id += kAlphabet[rng_() % kAlphabet.size()];
   return id;
+}
+
+bool is_dsml_name(std::string_view name) {
+  return !name.empty() && name.size() <= kMaxAttributeBytes && name.find_first_of("\"<>\n") == std::string_view::npos;
 }
 
 ChatOutput parse_chat_output(std::string_view text, const ChatOutputOptions& options) {

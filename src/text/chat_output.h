@@ -9,6 +9,9 @@
 //   - whitespace between DSML tags is formatting; a string="false" value that is not valid JSON
 //     becomes a JSON string; tool names stay namespace-qualified ("ns::tool") as rendered;
 //   - EOS ends the output; text after a closed block is content again;
+//   - calls are read only for the tools the request offered (ChatOutputOptions::tools): with none,
+//     "<｜DSML｜ calls>" is ordinary text; an invoke naming another tool ends the block as malformed
+//     DSML does, so that invoke and what follows it stay text;
 //   - malformed DSML is never fatal: calls already started are closed (complete = false) and the
 //     text no call represents goes out as reasoning / content, so nothing is lost; a block cut off
 //     by the end of the output is handled the same way (whitespace-only leftovers are dropped).
@@ -59,6 +62,11 @@ struct ChatOutput {
 
 struct ChatOutputOptions {
   bool thinking = true;  // the output begins inside reasoning (ChatPrompt::starts_in_reasoning)
+  // The tools a call may name (ChatPrompt::tool_names: namespace-qualified, after tool_choice). A
+  // client runs what comes back as tool_calls, so only a tool it declared and allowed is one; for any
+  // other name the model's text is returned as text, as vLLM and llama-server return a call they
+  // cannot parse, rather than dropped (the client still sees what the model wrote).
+  std::vector<std::string> tools;
   // Mints the id of call `index` (0-based within this output); unset: "call_" + 24 random characters.
   std::function<std::string(size_t index)> make_call_id;
 };
@@ -89,6 +97,8 @@ class ChatOutputParser {
   void append_arguments(std::string_view text);
   std::string next_call_id();
 
+  bool offers(std::string_view name) const;
+
   ChatOutputOptions options_;
   std::mt19937_64 rng_;
   std::string buf_;      // text not yet consumed, plus (in a block) text not yet represented
@@ -106,6 +116,10 @@ class ChatOutputParser {
   ChatOutput out_;
   ChatDelta delta_;
 };
+
+// Whether an invoke tag can carry `name` as this parser reads it: 1 to 256 bytes with no '"', '<',
+// '>' or newline. A tool named otherwise could never come back as a call.
+bool is_dsml_name(std::string_view name);
 
 // One-shot parse: feed(text) then finish().
 ChatOutput parse_chat_output(std::string_view text, const ChatOutputOptions& options = {});

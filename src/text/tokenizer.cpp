@@ -535,11 +535,11 @@ struct Tokenizer::Impl {
     for (std::string_view piece : pieces) encode_piece(piece, out);
   }
 
-  // The longest added token starting at text[pos]: its id and length.
-  std::optional<std::pair<int32_t, size_t>> match_added(std::string_view text, size_t pos) const {
+  // The longest added token starting at text[pos] and ending by text[limit]: its id and length.
+  std::optional<std::pair<int32_t, size_t>> match_added(std::string_view text, size_t pos, size_t limit) const {
     std::optional<std::pair<int32_t, size_t>> best;
     size_t node = 0;
-    for (size_t i = pos; i < text.size(); ++i) {
+    for (size_t i = pos; i < limit; ++i) {
       auto it = trie_edges.find((uint64_t{node} << 8) | static_cast<unsigned char>(text[i]));
       if (it == trie_edges.end()) break;
       node = static_cast<size_t>(it->second);
@@ -548,14 +548,26 @@ struct Tokenizer::Impl {
     return best;
   }
 
-  std::vector<int32_t> encode(std::string_view text, bool parse_special) const {
+  // Added tokens are looked for when parse_special, and then only outside the `plain` spans: the
+  // search skips each span and a match may not run into the next one.
+  std::vector<int32_t> encode(std::string_view text, bool parse_special, std::span<const TextSpan> plain) const {
     std::vector<int32_t> out;
     std::vector<MatchData> match_data(splits.size());
     size_t start = 0;
     if (parse_special && !added_by_text.empty()) {
+      size_t next_plain = 0;  // the first span that does not end at or before i
       for (size_t i = 0; i < text.size();) {
+        while (next_plain < plain.size() && plain[next_plain].end <= i) ++next_plain;
+        size_t limit = text.size();
+        if (next_plain < plain.size()) {
+          if (plain[next_plain].begin <= i) {
+            i = plain[next_plain].end;
+            continue;
+          }
+          limit = plain[next_plain].begin;
+        }
         std::optional<std::pair<int32_t, size_t>> hit;
-        if (trie_first[static_cast<unsigned char>(text[i])]) hit = match_added(text, i);
+        if (trie_first[static_cast<unsigned char>(text[i])]) hit = match_added(text, i, limit);
         if (!hit) {
           ++i;
           continue;
@@ -596,7 +608,19 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& where) {
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special) const {
-  return impl_->encode(text, parse_special);
+  return impl_->encode(text, parse_special, {});
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, std::span<const TextSpan> plain) const {
+  size_t previous_end = 0;
+  for (const TextSpan& s : plain) {
+    if (s.begin < previous_end || s.end < s.begin || s.end > text.size()) {
+      fail("tokenizer", "plain spans must be in order, disjoint and inside the text; got [" + std::to_string(s.begin) +
+                            ", " + std::to_string(s.end) + ") in a text of " + std::to_string(text.size()) + " bytes");
+    }
+    previous_end = s.end;
+  }
+  return impl_->encode(text, /*parse_special=*/true, plain);
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -21,6 +22,13 @@
 #include <nlohmann/json_fwd.hpp>
 
 namespace dsv41 {
+
+// Bytes [begin, end) of a text.
+struct TextSpan {
+  size_t begin = 0;
+  size_t end = 0;
+  bool operator==(const TextSpan&) const = default;
+};
 
 class Tokenizer {
  public:
@@ -37,6 +45,13 @@ class Tokenizer {
   // its role markers non-special; the stricter rule is what keeps user text from forging them.)
   // Invalid UTF-8 is tokenized byte for byte; it never throws.
   std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const;
+  // Token ids of `text` with special-token parsing everywhere but inside `plain`: an added token is
+  // recognised only where it lies wholly outside those spans, and the spans' characters are tokenized
+  // as ordinary text, BPE merges running across the span edges as they do across any text. With no
+  // spans this is encode(text). This is how a chat prompt keeps untrusted message text from writing
+  // control tokens (ChatPrompt::plain_spans). The spans must be in order, disjoint and inside `text`
+  // (Error otherwise).
+  std::vector<int32_t> encode(std::string_view text, std::span<const TextSpan> plain) const;
 
   // Text of `ids`: byte tokens are mapped back to bytes, added tokens give their content (dropped
   // when skip_special and the token is special), unknown ids give nothing. Bytes that do not form

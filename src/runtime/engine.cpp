@@ -68,6 +68,7 @@ struct Engine::Impl {
     uint64_t reserved_bytes = 0;
     int64_t cached_tokens = 0;
     int32_t stop_token = -1;         // the end-of-sentence token that ended it
+    std::string stop_string;         // the stop string that ended it
     std::vector<float> stop_logits;  // its row (return_logits)
     bool started = false;   // its first token has been sampled
     bool finished = false;  // its final event was sent
@@ -204,6 +205,12 @@ std::string Engine::model_name() const {
 int Engine::draft_block_size() const { return impl_->drafter ? impl_->drafter->block_size() : 0; }
 bool Engine::sees_images() const { return impl_->model->weights().vision != nullptr; }
 
+int64_t Engine::prompt_length(const std::vector<int32_t>& prompt, const std::vector<ImageInput>& images) const {
+  std::vector<int32_t> expanded = prompt;
+  expand_image_placeholders(impl_->model->config(), expanded, images);
+  return static_cast<int64_t>(expanded.size());
+}
+
 uint64_t Engine::submit(RequestParams params, EventSink sink) {
   Impl& m = *impl_;
   const ModelConfig& c = m.model->config();
@@ -325,6 +332,7 @@ void Engine::Impl::finish(Request& r, const std::string& reason, const std::stri
   e.completion_tokens = r.generated;
   e.cached_tokens = r.cached_tokens;
   e.stop_token = r.stop_token;
+  e.stop_string = r.stop_string;
   e.logits = std::move(r.stop_logits);
   e.exported_state = std::move(r.exported);
   {
@@ -376,7 +384,10 @@ bool Engine::Impl::emit(Request& r, int32_t token, const float* logits) {
   size_t cut = std::string::npos, keep = 0;
   for (const std::string& s : r.params.stop) {
     if (s.empty()) continue;
-    cut = std::min(cut, r.held.find(s));
+    if (const size_t at = r.held.find(s); at < cut) {  // the earliest; of two starting there, the first listed
+      cut = at;
+      r.stop_string = s;
+    }
     for (size_t l = std::min(s.size() - 1, r.held.size()); l > keep; --l) {
       if (r.held.compare(r.held.size() - l, l, s, 0, l) == 0) {
         keep = l;

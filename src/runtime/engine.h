@@ -124,6 +124,7 @@ struct TokenEvent {
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;  // at done
   double queue_seconds = -1;  // on the first token's event: from submit until the request was admitted
   int32_t stop_token = -1;    // at done: the end-of-sentence token that ended it, if one did
+  std::string stop_string;    // at done: the stop string that ended it, if one did
   RequestReport report;       // at done
   // at done, for RequestParams::export_state: the prompt's state as prompt-cache entry bytes
   std::shared_ptr<const std::vector<uint8_t>> exported_state;
@@ -180,6 +181,9 @@ class Engine {
   // max_tokens over the context, a token outside the vocabulary, bad sampling values, speculation
   // the model cannot do, a draft length outside 0..block size).
   uint64_t submit(RequestParams params, EventSink sink);
+  // The prompt's length once each image placeholder is expanded into its image's span (what the
+  // request's prompt_tokens will be). Throws Error as submit() does when images and placeholders differ.
+  int64_t prompt_length(const std::vector<int32_t>& prompt, const std::vector<ImageInput>& images) const;
   // Ends a request (queued or running) with finish_reason "cancelled" and frees its pages.
   void cancel(uint64_t id);
   EngineMetrics metrics() const;

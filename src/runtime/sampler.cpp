@@ -14,6 +14,7 @@ int32_t argmax(const float* logits, int64_t vocab) {
 Sampler::Sampler(const SamplingParams& p) : params_(p) {
   if (!(p.temperature >= 0) || !std::isfinite(p.temperature)) fail("temperature", "must be a finite number >= 0");
   if (!(p.top_p > 0 && p.top_p <= 1)) fail("top_p", "must be in (0, 1]");
+  if (p.top_k < 0) fail("top_k", "must be >= 0 (0: no limit)");
   uint64_t seed = p.seed;
   for (auto& s : state_) {  // splitmix64 seeding of xoshiro256**
     seed += 0x9E3779B97F4A7C15ull;
@@ -70,11 +71,16 @@ void Sampler::sample_prepare(const float* logits, int64_t vocab) {
   const double mx = logits[order_[0]];
   double sum = 0;
   for (int64_t i = 0; i < vocab; ++i) sum += probs_[i] = std::exp((logits[order_[i]] - mx) / params_.temperature);
-  // nucleus: the shortest prefix whose mass reaches top_p
-  keep_ = vocab;
+  // top-k first, then the nucleus within it (vLLM's and Hugging Face's order): the shortest prefix
+  // whose share of the kept mass reaches top_p
+  keep_ = params_.top_k > 0 ? std::min(vocab, params_.top_k) : vocab;
+  if (keep_ < vocab) {
+    sum = 0;
+    for (int64_t i = 0; i < keep_; ++i) sum += probs_[i];
+  }
   if (params_.top_p < 1) {
     double cum = 0;
-    for (int64_t i = 0; i < vocab; ++i) {
+    for (int64_t i = 0; i < keep_; ++i) {
       cum += probs_[i] / sum;
       if (cum >= params_.top_p) {
         keep_ = i + 1;

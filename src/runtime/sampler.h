@@ -1,5 +1,5 @@
-// Token sampling: greedy at temperature 0, otherwise softmax(logits / T) restricted to the smallest
-// set of tokens whose probability reaches top_p, drawn with a seeded generator so the same seed gives
+// Token sampling: greedy at temperature 0, otherwise softmax(logits / T) restricted to the top_k most
+// likely tokens and, within them, to the smallest set whose probability reaches top_p, drawn with a seeded generator so the same seed gives
 // the same tokens on every machine.
 #pragma once
 

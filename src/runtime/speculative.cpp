@@ -93,7 +93,11 @@ SpeculativeDecoder::SpeculativeDecoder(Session& session, const Drafter& drafter,
                                        SpeculativeOptions options)
     : session_(session), drafter_(drafter), sampler_(sampler),
       // the drafter samples with the target's settings from a stream of its own
-      draft_sampler_(SamplingParams{sampler.params().temperature, sampler.params().top_p, sampler.params().seed ^ 0x5eedu}),
+      draft_sampler_([&] {
+        SamplingParams p = sampler.params();
+        p.seed ^= 0x5eedu;
+        return p;
+      }()),
       options_(std::move(options)), guard_(options_.guard) {
   if (options_.fixed_length < 0 || options_.fixed_length > drafter.block_size()) {
     fail("--draft-length", "must be between 1 and the DSpark block size " + std::to_string(drafter.block_size()));

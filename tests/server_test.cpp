@@ -1473,5 +1473,27 @@ TEST(ServerNpm, OfficialOpenAIClient) {
   EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
 }
 
+// The official @anthropic-ai/sdk client drives /v1/messages (tests/npm/anthropic_client.mjs), with
+// its key in x-api-key.
+TEST(ServerNpm, OfficialAnthropicClient) {
+  const std::filesystem::path npm_dir = std::filesystem::path(DSV41_SOURCE_DIR) / "tests" / "npm";
+  const char* require = std::getenv("DSV41_REQUIRE_NPM");
+  const bool required = require != nullptr && std::string(require) == "1";
+  if (!std::filesystem::exists(npm_dir / "node_modules" / "@anthropic-ai" / "sdk" / "package.json") ||
+      std::system("node --version > /dev/null 2>&1") != 0) {
+    if (required) FAIL() << "DSV41_REQUIRE_NPM=1 but node or the @anthropic-ai/sdk package is missing: run npm ci in tests/npm";
+    GTEST_SKIP() << "node or the @anthropic-ai/sdk npm package is not installed (npm ci in tests/npm)";
+  }
+  ServerOptions so;
+  so.test_hooks = true;  // the client forces a tool call and a stop sequence through "dsv41_forced_output"
+  so.api_key = "sk-anthropic-test";
+  LiveServer s(tiny_engine_options(), so);
+  const test::CommandResult r = test::run_shell("cd '" + npm_dir.string() + "' && DSV41_BASE_URL='" + s.url() +
+                                                "' DSV41_MODEL='" + s.engine().model_name() +
+                                                "' DSV41_API_KEY=sk-anthropic-test node anthropic_client.mjs");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("all checks passed"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace dsv41::server

@@ -186,5 +186,24 @@ TEST(ServerVision, OfficialOpenAIClientSendsAnImage) {
   EXPECT_NE(r.out.find("all checks passed"), std::string::npos) << r.out;
 }
 
+// The official @anthropic-ai/sdk client sends an image as a base64 block (tests/npm/anthropic_client.mjs).
+TEST(ServerVision, OfficialAnthropicClientSendsAnImage) {
+  const std::filesystem::path npm_dir = std::filesystem::path(DSV41_SOURCE_DIR) / "tests" / "npm";
+  const char* require = std::getenv("DSV41_REQUIRE_NPM");
+  const bool required = require != nullptr && std::string(require) == "1";
+  if (!std::filesystem::exists(npm_dir / "node_modules" / "@anthropic-ai" / "sdk" / "package.json") ||
+      std::system("node --version > /dev/null 2>&1") != 0) {
+    if (required) FAIL() << "DSV41_REQUIRE_NPM=1 but node or the @anthropic-ai/sdk package is missing";
+    GTEST_SKIP() << "node or the @anthropic-ai/sdk npm package is not installed (npm ci in tests/npm)";
+  }
+  LiveServer s(vision_options());
+  const std::string cmd = "cd '" + npm_dir.string() + "' && DSV41_BASE_URL='" + s.url() + "' DSV41_MODEL='" +
+                          s.engine().model_name() + "' DSV41_IMAGE='" + images_dir() +
+                          "/c_rings_400x300.png' node anthropic_client.mjs";
+  const test::CommandResult r = test::run_shell(cmd);
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("all checks passed"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace dsv41::server

@@ -112,8 +112,9 @@ constexpr const char* kHelp = R"(usage: dsv41 serve -m DIR [options]
                              while stderr is a pipe nobody reads)
       --test-hooks           accept "dsv41_forced_output": TEXT in requests, emitted as if generated (tests)
 
-Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (each with
-"stream": true for SSE; "speculative", "draft_length" and "prefill_mode" as extension fields),
+Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, POST /v1/messages
+(Anthropic's; each with "stream": true for SSE; "speculative", "draft_length" and "prefill_mode" as
+extension fields), POST /v1/messages/count_tokens,
 GET /v1/models, GET /health, GET /metrics (Prometheus), POST /tokenize and /detokenize, and
 POST /v1/debug/render, which takes a chat request and returns the rendered prompt and its token ids
 without generating. Bound to a loopback address, the server answers only loopback Host names (a web

@@ -107,18 +107,22 @@ AccessDecision decide_access(const RequestHead& head, const AccessPolicy& policy
     if (head.method == "OPTIONS" && head.has_header("Access-Control-Request-Method")) {
       d.preflight = true;
       d.headers.push_back({"Access-Control-Allow-Methods", "GET, POST, OPTIONS"});
-      d.headers.push_back({"Access-Control-Allow-Headers", "Authorization, Content-Type"});
+      d.headers.push_back({"Access-Control-Allow-Headers", "Authorization, Content-Type, x-api-key, anthropic-version"});
       d.headers.push_back({"Access-Control-Max-Age", "600"});
       return d;
     }
   }
   if (!policy.api_key.empty() && needs_key(head.path)) {
+    // OpenAI's clients send "Authorization: Bearer KEY", Anthropic's "x-api-key: KEY"; either will do
     const std::string auth = head.header("Authorization");
     const std::string scheme = "bearer ";
     const bool bearer = auth.size() > scheme.size() && lower(auth.substr(0, scheme.size())) == scheme;
-    if (!bearer || !same_secret(trim(auth.substr(scheme.size())), policy.api_key)) {
+    const bool x_key = head.has_header("x-api-key");
+    const std::string given = bearer ? trim(auth.substr(scheme.size())) : trim(head.header("x-api-key"));
+    if ((!bearer && !x_key) || !same_secret(given, policy.api_key)) {
       d.refusal = refuse(401,
-                         bearer ? "Incorrect API key provided" : "This server needs an API key: Authorization: Bearer KEY",
+                         bearer || x_key ? "Incorrect API key provided"
+                                         : "This server needs an API key: Authorization: Bearer KEY (or x-api-key: KEY)",
                          "invalid_api_key");
       return d;
     }

@@ -8,7 +8,8 @@
 //    origin is allowed, so a page the user opens cannot drive the local server. Allowed origins get
 //    CORS headers and their preflight (OPTIONS) answered.
 //  - API key: with one set, every /v1/ route, /tokenize and /detokenize need
-//    "Authorization: Bearer KEY" (401 otherwise); /health and /metrics stay open for probes.
+//    "Authorization: Bearer KEY" or "x-api-key: KEY" (Anthropic's clients), 401 otherwise; /health and
+//    /metrics stay open for probes.
 //  - Bodies: POST bodies must be JSON (Content-Type application/json, 415 otherwise: a text/plain or
 //    form body is what a page can send without a preflight), framed by Content-Length or chunked
 //    (411 for neither; 501 for any other transfer coding), and not compressed (415 for any

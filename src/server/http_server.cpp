@@ -11,6 +11,8 @@
 
 #include "server/access_policy.h"
 #include "server/http_connection.h"
+#include "server/messages_api.h"
+#include "server/messages_output.h"
 #include "server/metrics_text.h"
 #include "server/openai_api.h"
 #include "server/openai_response.h"
@@ -31,6 +33,7 @@ struct Route {
   const char* method;
 };
 constexpr Route kRoutes[] = {{"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"}, {"/v1/responses", "POST"},
+                             {"/v1/messages", "POST"},         {"/v1/messages/count_tokens", "POST"},
                              {"/v1/debug/render", "POST"},     {"/v1/models", "GET"},
                              {"/tokenize", "POST"},            {"/detokenize", "POST"},
                              {"/health", "GET"},               {"/metrics", "GET"}};
@@ -44,8 +47,11 @@ HttpReply json_reply(int status, const json& body) {
   return r;
 }
 
-HttpReply error_reply(const ApiError& e) {
-  HttpReply r = json_reply(e.status, error_body(e));
+// Anthropic's routes answer errors in Anthropic's shape (server/messages_api.h), the others in OpenAI's.
+bool anthropic_route(const std::string& path) { return path.rfind("/v1/messages", 0) == 0; }
+
+HttpReply error_reply(const ApiError& e, bool anthropic = false) {
+  HttpReply r = json_reply(e.status, anthropic ? messages_error_body(e) : error_body(e));
   if (e.status == 401) r.headers.push_back({"WWW-Authenticate", "Bearer"});
   return r;
 }
@@ -76,19 +82,26 @@ struct Shared {
 };
 
 // The answer being built for one generation request: chat / completions chunks ("data:" events
-// ending in [DONE]) or Responses events ("event:" and "data:", no [DONE]).
+// ending in [DONE]), Responses events or Messages events ("event:" and "data:", no [DONE]).
 struct Output {
   std::shared_ptr<ResponseBuilder> chat;        // /v1/chat/completions, /v1/completions
   std::shared_ptr<ResponsesBuilder> responses;  // /v1/responses
+  std::shared_ptr<MessagesBuilder> messages;    // /v1/messages
 
-  bool done() const { return chat ? chat->done() : responses->done(); }
-  const std::optional<ApiError>& failure() const { return chat ? chat->failure() : responses->failure(); }
-  json response() const { return chat ? chat->response() : responses->response(); }
+  bool done() const { return chat ? chat->done() : responses ? responses->done() : messages->done(); }
+  const std::optional<ApiError>& failure() const {
+    return chat ? chat->failure() : responses ? responses->failure() : messages->failure();
+  }
+  json response() const { return chat ? chat->response() : responses ? responses->response() : messages->message(); }
+  HttpReply error(const ApiError& e) const { return error_reply(e, messages != nullptr); }
   // What a stream sends first, before any token.
   std::string stream_start() {
     std::string out;
     if (responses) {
       for (const ResponsesBuilder::Event& e : responses->start()) out += sse_typed_event(e);
+    }
+    if (messages) {
+      for (const MessagesBuilder::Event& e : messages->start()) out += sse_named_event(e);
     }
     return out;
   }
@@ -105,6 +118,14 @@ struct Output {
       if (chat->done()) out += kSseDone;
       return out;
     }
+    if (messages) {
+      std::vector<MessagesBuilder::Event> events = messages->add(e);
+      if (messages->done() && messages->failure() && replace && !events.empty()) {
+        events.back() = {"error", {{"type", "error"}, {"error", messages_error_body(*replace)["error"]}}};
+      }
+      for (const MessagesBuilder::Event& ev : events) out += sse_named_event(ev);
+      return out;
+    }
     std::vector<ResponsesBuilder::Event> events = responses->add(e);
     if (responses->done() && responses->failure() && replace && !events.empty()) {
       events.back() = {"error", {{"type", "error"}, {"code", replace->code}, {"message", replace->message},
@@ -116,8 +137,10 @@ struct Output {
   void add(const TokenEvent& e) {  // a plain request: builds only
     if (chat) {
       chat->add(e);
-    } else {
+    } else if (responses) {
       responses->add(e);
+    } else {
+      messages->add(e);
     }
   }
 };
@@ -186,9 +209,9 @@ struct Generation {
       exchange->finish();
       shared->count([](HttpCounters& c) { --c.streams_open; });
     } else if (timed_out && builder.failure()) {
-      exchange->reply(error_reply(timeout_error()));
+      exchange->reply(builder.error(timeout_error()));
     } else if (builder.failure()) {
-      exchange->reply(error_reply(*builder.failure()));
+      exchange->reply(builder.error(*builder.failure()));
     } else {
       exchange->reply(json_reply(200, builder.response()));
     }
@@ -260,6 +283,15 @@ struct HttpServer::Impl {
   void observe(int status, const std::string& method, const std::string& path);
   void generate(Endpoint endpoint, const std::shared_ptr<HttpExchange>& ex, const HttpRequest& req,
                 std::chrono::steady_clock::time_point arrived);
+  // /v1/messages/count_tokens: the prompt's tokens, image spans expanded, as a request would count them.
+  json count_tokens(const std::string& body) const {
+    const ApiRequest api = parse_messages_request(body, info, /*counting=*/true);
+    try {
+      return {{"input_tokens", engine.prompt_length(api.params.prompt, api.params.images)}};
+    } catch (const Error& e) {
+      throw api_error_from(e);
+    }
+  }
   // 200 while the engine makes progress; 503 while one step has run past the stall timeout (a peer
   // that stopped answering, a wedged kernel), so a supervisor's probe sees what clients feel.
   HttpReply health() const {
@@ -284,7 +316,7 @@ std::optional<HttpReply> HttpServer::Impl::check(const RequestHead& head,
                                                  std::vector<std::pair<std::string, std::string>>& add) const {
   const AccessDecision d = decide_access(head, policy);
   add = d.headers;
-  if (d.refusal) return error_reply(*d.refusal);
+  if (d.refusal) return error_reply(*d.refusal, anthropic_route(head.path));
   if (d.preflight) {
     HttpReply r;
     r.status = 204;
@@ -351,6 +383,8 @@ void HttpServer::Impl::handle(std::shared_ptr<HttpExchange> ex, HttpRequest req)
           if (p == "/v1/chat/completions") return generate(Endpoint::ChatCompletions, ex, req, arrived);
           if (p == "/v1/completions") return generate(Endpoint::Completions, ex, req, arrived);
           if (p == "/v1/responses") return generate(Endpoint::Responses, ex, req, arrived);
+          if (p == "/v1/messages") return generate(Endpoint::Messages, ex, req, arrived);
+          if (p == "/v1/messages/count_tokens") return ex->reply(json_reply(200, count_tokens(req.body)));
           if (p == "/tokenize") return ex->reply(json_reply(200, tokenize(req.body, info)));
           if (p == "/detokenize") return ex->reply(json_reply(200, detokenize(req.body, info)));
           ApiRequest api = parse_request(Endpoint::ChatCompletions, req.body, info);  // /v1/debug/render
@@ -361,9 +395,9 @@ void HttpServer::Impl::handle(std::shared_ptr<HttpExchange> ex, HttpRequest req)
                                      {"thinking", api.thinking},
                                      {"max_tokens", api.params.max_tokens}}));
         } catch (const ApiError& e) {
-          ex->reply(error_reply(e));
+          ex->reply(error_reply(e, anthropic_route(req.head.path)));
         } catch (const std::exception& e) {
-          ex->reply(error_reply(server_error(std::string("internal error: ") + e.what())));
+          ex->reply(error_reply(server_error(std::string("internal error: ") + e.what()), anthropic_route(req.head.path)));
         }
       });
       return;
@@ -384,7 +418,8 @@ void HttpServer::Impl::handle(std::shared_ptr<HttpExchange> ex, HttpRequest req)
     return ex->reply(std::move(r));
   }
   ex->reply(error_reply(ApiError(404, "invalid_request_error", "Unknown route " + printable(method) + " " + printable(path),
-                                 "", "not_found")));
+                                 "", "not_found"),
+                        anthropic_route(path)));
 }
 
 // On a worker: parse, submit, and wire the engine's events to the exchange.
@@ -396,10 +431,12 @@ void HttpServer::Impl::generate(Endpoint endpoint, const std::shared_ptr<HttpExc
     return ex->reply(error_reply(ApiError(504, "server_error",
                                           "the request waited past the server's request timeout of " +
                                               std::to_string(options.request_timeout.count()) + " ms before it could start",
-                                          "", "request_timeout")));
+                                          "", "request_timeout"),
+                                 endpoint == Endpoint::Messages));
   }
   ApiRequest api = endpoint == Endpoint::Responses ? parse_responses_request(req.body, info)
-                                                   : parse_request(endpoint, req.body, info);
+                   : endpoint == Endpoint::Messages ? parse_messages_request(req.body, info)
+                                                    : parse_request(endpoint, req.body, info);
   RequestParams params = std::move(api.params);  // the engine's; the builder needs only the rest
   auto g = std::make_shared<Generation>();
   g->arrived = arrived;
@@ -409,6 +446,8 @@ void HttpServer::Impl::generate(Endpoint endpoint, const std::shared_ptr<HttpExc
   g->shared = shared;
   if (endpoint == Endpoint::Responses) {
     g->builder.responses = std::make_shared<ResponsesBuilder>(api, make_response_id("resp_"), unix_now());
+  } else if (endpoint == Endpoint::Messages) {
+    g->builder.messages = std::make_shared<MessagesBuilder>(api, make_response_id("msg_"));
   } else {
     g->builder.chat = std::make_shared<ResponseBuilder>(
         api, engine.tokenizer(), make_response_id(endpoint == Endpoint::ChatCompletions ? "chatcmpl-" : "cmpl-"), unix_now());
@@ -419,7 +458,7 @@ void HttpServer::Impl::generate(Endpoint endpoint, const std::shared_ptr<HttpExc
   } catch (const Error& e) {
     // The engine refuses what can never run (validation catches the usual cases first), naming the
     // request field at fault, or what it cannot take now.
-    return ex->reply(error_reply(api_error_from(e)));
+    return ex->reply(g->builder.error(api_error_from(e)));
   }
   const uint64_t id = g->id;
   if (!shared->track(id)) engine.cancel(id);
@@ -439,8 +478,10 @@ void HttpServer::Impl::generate(Endpoint endpoint, const std::shared_ptr<HttpExc
   }
   if (g->stream) {
     shared->count([](HttpCounters& c) { ++c.streams_open; });
+    // Anthropic's clients are kept alive by its ping event; the others by an SSE comment
     ex->start_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}},
-                     ": keep-alive\n\n", options.heartbeat);
+                     endpoint == Endpoint::Messages ? "event: ping\ndata: {\"type\": \"ping\"}\n\n" : ": keep-alive\n\n",
+                     options.heartbeat);
     std::string first;
     {
       std::lock_guard<std::mutex> lock(g->mu);  // events may already be arriving (held until wired)

@@ -1,5 +1,7 @@
 // The OpenAI-compatible HTTP front of an Engine (Boost.Beast underneath):
 //   POST /v1/chat/completions   chat, plain or streamed (SSE)
+//   POST /v1/messages           Anthropic's Messages API, plain or streamed (server/messages_api.h);
+//   POST /v1/messages/count_tokens   its prompt's tokens; errors on both in Anthropic's shape
 //   POST /v1/completions        text completion, plain or streamed (SSE)
 //   GET  /v1/models, /v1/models/{id}
 //   GET  /health                {"status":"ok"}; 503 {"status":"stalled"} while a step has run past

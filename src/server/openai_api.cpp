@@ -44,6 +44,11 @@ void parse_common(const ojson& body, ApiRequest& req) {
   SamplingParams& sp = req.params.sampling;
   sp.temperature = get_number(body, "temperature", 1.0, 0.0, 2.0);
   sp.top_p = get_number(body, "top_p", 1.0, 0.0, 1.0, /*lo_open=*/true);
+  if (const ojson* k = field(body, "top_k")) {  // vLLM's extension field: -1 or 0 for no limit
+    const int64_t n = require_integer(*k, "top_k");
+    if (n < -1) throw invalid_request("top_k", "top_k must be a positive integer, or -1 or 0 for no limit, got " + std::to_string(n));
+    sp.top_k = std::max<int64_t>(n, 0);
+  }
   if (const ojson* seed = field(body, "seed")) {
     sp.seed = static_cast<uint64_t>(require_integer(*seed, "seed"));  // negative seeds wrap, still deterministic
   } else {

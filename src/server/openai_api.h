@@ -6,7 +6,8 @@
 //   model                 must name the served model (404 model_not_found otherwise); may be omitted
 //   stream, stream_options.include_usage (only with stream)
 //   n (1 only), max_tokens / max_completion_tokens (>= 1; default: ModelInfo::default_max_tokens),
-//   temperature [0, 2], top_p (0, 1], seed (integer; default: a random one), stop (string or array;
+//   temperature [0, 2], top_p (0, 1], top_k (vLLM's: > 0, or -1 / 0 for no limit), seed (integer;
+//   default: a random one), stop (string or array;
 //   matched in the decoded output, reasoning included, as the engine sees it),
 //   presence_penalty / frequency_penalty (0 only), logit_bias (empty only), ignore_eos (bool)
 //   chat:        messages, tools, tool_choice, response_format and the thinking knobs, as
@@ -37,7 +38,8 @@
 
 namespace dsv41::server {
 
-enum class Endpoint { ChatCompletions, Completions, Responses };  // Responses: a chat request underneath
+// Responses and Messages (Anthropic's): a chat request underneath
+enum class Endpoint { ChatCompletions, Completions, Responses, Messages };
 
 // What validation needs to know about the served model.
 struct ModelInfo {

@@ -472,11 +472,12 @@ TEST(ServerHttp, AStreamWhoseClientStopsReadingIsCancelled) {
 // its 503, a stream an error event and [DONE].
 TEST(ServerHttp, StopAnswersRequestsInFlight) {
   auto s = std::make_unique<LiveServer>(tiny_engine_options());
+  const int port = s->port();  // read here: the clients run on while the server is destroyed
   const json long_one = {{"prompt", "Hi"}, {"max_tokens", 3000}, {"ignore_eos", true}};
   json streamed = long_one;
   streamed["stream"] = true;
-  auto plain = std::async(std::launch::async, [&] { return post(s->port(), "/v1/completions", long_one); });
-  auto stream = std::async(std::launch::async, [&] { return post_stream(s->port(), "/v1/completions", streamed); });
+  auto plain = std::async(std::launch::async, [&] { return post(port, "/v1/completions", long_one); });
+  auto stream = std::async(std::launch::async, [&] { return post_stream(port, "/v1/completions", streamed); });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   s.reset();
   const Reply p = plain.get();

@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/cache_namespace.h"
 #include "io/safetensors_writer.h"
 #include "state/cache_folder.h"
 #include "util/error.h"
@@ -172,6 +173,48 @@ TEST(DiskCache, RoundTripKeepsEverything) {
   expect_same(*big_back, big);
 }
 
+// A salted namespace's entry (io/cache_namespace.h) is version 2 and comes back with its namespace;
+// the shared namespace's stays version 1, which builds before namespaces read too.
+TEST(DiskCache, RoundTripKeepsTheNamespaceAndItsVersion) {
+  ScratchDir dir;
+  CacheEntry salted = small_entry();
+  salted.cache_namespace = cache_namespace_of_salt("tenant-a");
+  write_cache_entry(dir / "s.dsv41kv", salted);
+  write_cache_entry(dir / "u.dsv41kv", small_entry());
+  EXPECT_EQ(read_bytes(dir / "s.dsv41kv")[8], 2);
+  EXPECT_EQ(read_bytes(dir / "u.dsv41kv")[8], 1);
+  std::string why;
+  const auto back = read_cache_entry(dir / "s.dsv41kv", kFp, &why);
+  ASSERT_TRUE(back.has_value()) << why;
+  EXPECT_EQ(back->cache_namespace, salted.cache_namespace);
+  expect_same(*back, salted);
+  EXPECT_EQ(read_cache_entry(dir / "u.dsv41kv", kFp, &why)->cache_namespace, "");
+  std::vector<std::string> warnings;
+  std::set<std::string> found;
+  for (const CacheIndexItem& item : scan_cache_dir(dir.path(), kFp, &warnings)) found.insert(item.cache_namespace);
+  EXPECT_EQ(found, (std::set<std::string>{"", salted.cache_namespace}));
+  EXPECT_TRUE(warnings.empty());
+
+  CacheEntry bad = small_entry();
+  bad.cache_namespace = "tenant-a";  // a salt, not its digest
+  EXPECT_THROW(write_cache_entry(dir / "b.dsv41kv", bad), Error);
+
+  // A hand-made header whose version and namespace disagree is refused.
+  const std::string path = dir / "c.dsv41kv";
+  json h = good_header();
+  h["namespace"] = salted.cache_namespace;
+  craft(path, h.dump(), kGoodPayload, 1);
+  EXPECT_NE(refusal(path).find("version 1 header names a namespace"), std::string::npos);
+  craft(path, good_header().dump(), kGoodPayload, 2);
+  EXPECT_NE(refusal(path).find("no string 'namespace'"), std::string::npos) << refusal(path);
+  h["namespace"] = "ABC";
+  craft(path, h.dump(), kGoodPayload, 2);
+  EXPECT_NE(refusal(path).find("namespace 'ABC' is not 32 lowercase hex digits"), std::string::npos);
+  h["namespace"] = salted.cache_namespace;
+  craft(path, h.dump(), kGoodPayload, 2);
+  ASSERT_TRUE(read_cache_entry(path, kFp, &why).has_value()) << why;
+}
+
 TEST(DiskCache, RoundTripEmptyPieces) {
   ScratchDir dir;
   CacheEntry e;
@@ -312,7 +355,7 @@ TEST(DiskCacheCorruption, WrongMagicAndWrongVersion) {
   g[3] = 'X';
   write_bytes(path, g);
   EXPECT_NE(refusal(path).find("bad magic"), std::string::npos);
-  for (const uint8_t version : {uint8_t{0}, uint8_t{2}, uint8_t{0xff}}) {
+  for (const uint8_t version : {uint8_t{0}, uint8_t{3}, uint8_t{0xff}}) {
     g = f;
     g[8] = version;  // nothing else fixed up: the version check must come first
     write_bytes(path, g);
@@ -495,8 +538,11 @@ TEST(DiskCacheName, StableAndDistinct) {
                                  cache_file_name(kFp, "exact", {3, 2, 1}),
                                  cache_file_name(kFp, "exact", {}),
                                  cache_file_name("ab", "c", tokens),
-                                 cache_file_name("a", "bc", tokens)};
-  EXPECT_EQ(names.size(), 9u);
+                                 cache_file_name("a", "bc", tokens),
+                                 cache_file_name(kFp, "exact", tokens, cache_namespace_of_salt("a")),
+                                 cache_file_name(kFp, "exact", tokens, cache_namespace_of_salt("b"))};
+  EXPECT_EQ(names.size(), 11u);
+  EXPECT_EQ(cache_file_name("fp", "exact", {1, 2, 3}, ""), "d78fabf07b392c01.dsv41kv");  // no salt: names as before
 }
 
 // ---- the folder on a full disk --------------------------------------------------------------------

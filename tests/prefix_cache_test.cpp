@@ -11,6 +11,7 @@
 #include <random>
 #include <set>
 
+#include "io/cache_namespace.h"
 #include "io/safetensors.h"
 #include "model/synthetic_checkpoint.h"
 #include "runtime/prefix_cache.h"
@@ -18,6 +19,7 @@
 #include "runtime/session.h"
 #include "state/disk_cache.h"
 #include "test_util.h"
+#include "util/error.h"
 
 namespace dsv41 {
 namespace {
@@ -244,6 +246,51 @@ TEST_F(PrefixCacheDiskTier, AnotherCheckpointOfTheSameConfigRestoresNothing) {
   std::unique_ptr<PrefixCache> again = make(uint64_t{1} << 30);
   run(m, pools, again.get(), prompt, &own);
   EXPECT_EQ(own.source, "disk") << "while this model's own files still do";
+}
+
+// Tenants (cache_salt): a prefix is found only in the namespace that stored it, in RAM, on disk (a
+// new process reading the folder) and in a handover, and a salted restore is bit-identical as any is.
+TEST_F(PrefixCacheDiskTier, NamespacesShareNothingInEitherTier) {
+  const std::string a = cache_namespace_of_salt("tenant-a"), b = cache_namespace_of_salt("tenant-b");
+  const std::vector<int32_t> stem = ids(200, 81), prompt = concat(stem, ids(10, 82));
+  SessionOptions in_a, in_b, unsalted;
+  in_a.cache_namespace = a;
+  in_b.cache_namespace = b;
+  std::unique_ptr<PrefixCache> writer = make(uint64_t{1} << 30);
+  run(m, pools, writer.get(), stem, nullptr, in_a);  // tenant a's prefix, in both tiers
+  ASSERT_EQ(entries().size(), 1u);
+  EXPECT_EQ(writer->ram_hit_tokens(prompt, a), 192);
+  EXPECT_EQ(writer->ram_hit_tokens(prompt, b), 0);
+  EXPECT_EQ(writer->ram_hit_tokens(prompt), 0);
+
+  const std::vector<float> cold = run(m, pools, nullptr, prompt);
+  std::unique_ptr<PrefixCache> reader = make(uint64_t{1} << 30);  // a new process: files only
+  for (PrefixCache* cache : {writer.get(), reader.get()}) {
+    for (const SessionOptions* other : {&in_b, &unsalted}) {
+      CacheHit hit;
+      EXPECT_EQ(run(m, pools, cache, prompt, &hit, *other), cold);
+      EXPECT_EQ(hit.source, "none") << "namespace '" << other->cache_namespace << "' must not see tenant a's prefix";
+    }
+  }
+  // (the misses above stored b's and the unsalted prefix of `prompt` beside a's: three namespaces now)
+  EXPECT_EQ(entries().size(), 3u);
+  std::unique_ptr<PrefixCache> later = make(uint64_t{1} << 30);
+  CacheHit ram_hit, disk_hit;
+  EXPECT_EQ(run(m, pools, writer.get(), prompt, &ram_hit, in_a), cold);
+  EXPECT_EQ(run(m, pools, later.get(), concat(stem, ids(10, 83)), &disk_hit, in_a),
+            run(m, pools, nullptr, concat(stem, ids(10, 83))));
+  EXPECT_EQ(ram_hit.source, "ram");
+  EXPECT_EQ(disk_hit.source, "disk");
+  EXPECT_EQ(disk_hit.cached_tokens, 192);
+
+  // A handed-over state restores only into its own namespace.
+  Session s(m, pools, {}, nullptr);
+  s.prefill(std::vector<int32_t>(stem.begin(), stem.begin() + 192));
+  CacheEntry handed = export_state(m, std::vector<int32_t>(stem.begin(), stem.begin() + 192), s.state(), CacheMode::Exact);
+  handed.cache_namespace = a;
+  SequenceState fresh = m.new_sequence(pools);
+  EXPECT_THROW(writer->restore_handed(prompt, handed, fresh, -1, b), Error);
+  EXPECT_EQ(writer->restore_handed(prompt, handed, fresh, -1, a).cached_tokens, 192);
 }
 
 TEST_F(PrefixCacheDiskTier, BudgetEvictsTheLeastRecentlyUsed) {

@@ -545,6 +545,42 @@ TEST(PrefixTree, BranchingPrompts) {
   EXPECT_EQ(tree.bytes(), 50u);
 }
 
+// A salted namespace (vLLM's cache_salt) shares nothing with the unsalted one or with another salt,
+// and its root goes with its last block.
+TEST(PrefixTree, NamespacesNeverShareBlocks) {
+  PrefixTree tree(2);
+  Entries e;
+  const auto prompt = seq({1, 1, 2, 2, 3});
+  tree.insert(prompt, 2, e.make(), e.bytes());                      // 100, 101: no salt
+  tree.insert(prompt, 1, e.make(), e.bytes(), "tenant-a");          // 102
+  EXPECT_EQ(e.made_for_blocks, (std::vector<int64_t>{0, 1, 0}));  // the same tokens, made again
+  EXPECT_EQ(tree.match(prompt).path, (std::vector<PrefixTree::EntryId>{100, 101}));
+  EXPECT_EQ(tree.match(prompt, "tenant-a").path, (std::vector<PrefixTree::EntryId>{102}));
+  EXPECT_EQ(tree.match(prompt, "tenant-b").tokens, 0);
+  EXPECT_EQ(tree.nodes(), 3u);
+  EXPECT_EQ(tree.namespaces(), 1u);
+  tree.insert(prompt, 0, e.make(), e.bytes(), "tenant-b");  // nothing to hold: no namespace made
+  EXPECT_EQ(tree.namespaces(), 1u);
+
+  // A namespace whose first block cannot be made is not left behind.
+  const auto refuse = [](int64_t) -> PrefixTree::EntryId { throw Error("no memory"); };
+  EXPECT_THROW(tree.insert(prompt, 1, refuse, e.bytes(), "tenant-c"), Error);
+  EXPECT_EQ(tree.namespaces(), 1u);
+
+  // Eviction competes across namespaces by last use, and the salted root goes with its last block.
+  tree.touch(tree.match(prompt), 5);
+  tree.touch(tree.match(prompt, "tenant-a"), 1);
+  EXPECT_EQ(tree.evict_until(20, kAll), (std::vector<PrefixTree::EntryId>{102}));
+  EXPECT_EQ(tree.namespaces(), 0u);
+  EXPECT_EQ(tree.nodes(), 2u);
+  EXPECT_EQ(tree.match(prompt, "tenant-a").tokens, 0);
+  tree.insert(prompt, 1, e.make(), e.bytes(), "tenant-a");  // and comes back with the next
+  EXPECT_EQ(tree.match(prompt, "tenant-a").tokens, 2);
+  tree.clear();
+  EXPECT_EQ(tree.namespaces(), 0u);
+  EXPECT_EQ(tree.nodes(), 0u);
+}
+
 TEST(PrefixTree, EvictsLeastRecentlyUsedFirst) {
   PrefixTree tree(2);
   Entries e;

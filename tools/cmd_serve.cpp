@@ -153,9 +153,10 @@ std::string read_key_file(const std::string& path) {
 // other request it runs) and its state as prompt-cache entry bytes. A stop cancels the prefill, so a
 // server told to stop does not first finish a long prompt (perhaps for a decode server long gone).
 std::vector<uint8_t> prefill_for_peer(Engine& engine, const std::vector<int32_t>& tokens, CacheMode mode,
-                                      const std::atomic<bool>& stopping) {
+                                      const std::string& cache_namespace, const std::atomic<bool>& stopping) {
   RequestParams p;
   p.prompt = tokens;
+  p.cache_namespace = cache_namespace;
   p.max_tokens = 0;
   p.export_state = mode;
   std::promise<TokenEvent> done;
@@ -295,8 +296,9 @@ int run_serve(int argc, char** argv, MpiJob* job) {
     UcxAddress at = parse_ucx_address(args.get("--handover-listen", so.host + ":0"), "--handover-listen");
     handover = std::make_unique<PrefillListener>(
         at,
-        [&engine](const std::vector<int32_t>& tokens, CacheMode mode, const std::atomic<bool>& stopping) {
-          return prefill_for_peer(engine, tokens, mode, stopping);
+        [&engine](const std::vector<int32_t>& tokens, CacheMode mode, const std::string& cache_namespace,
+                  const std::atomic<bool>& stopping) {
+          return prefill_for_peer(engine, tokens, mode, cache_namespace, stopping);
         },
         engine.config().max_seq_len);
     at.port = handover->port();

@@ -454,6 +454,7 @@ void Engine::Impl::start(Request& r, const CacheEntry* handed) {
   SessionOptions so;
   so.prefill_mode = p.prefill_mode;
   so.index_keys = p.index_keys;
+  so.cache_namespace = p.cache_namespace;
   PrefixCache* c = p.index_keys == IndexKeysMode::Owner ? cache.get() : nullptr;
   r.session = std::make_unique<Session>(*model, *pools, so, c);
   r.sampler = std::make_unique<Sampler>(p.sampling);
@@ -506,12 +507,12 @@ bool Engine::Impl::await_handover(Request& r) {
     if (!p.images.empty() || p.index_keys != IndexKeysMode::Owner || p.prefill_mode != PrefillMode::Exact ||
         boundary < 2 * kTokensPerPage ||
         (exact && boundary < model->config().window_size) ||
-        cache->ram_hit_tokens(p.prompt) + 2 * kTokensPerPage > boundary) {
+        cache->ram_hit_tokens(p.prompt, p.cache_namespace) + 2 * kTokensPerPage > boundary) {
       return true;
     }
     std::vector<int32_t> prefix(p.prompt.begin(), p.prompt.begin() + boundary);
     r.handover = std::async(std::launch::async, [this, peer = opt.prefill_peer, prefix = std::move(prefix),
-                                                 mode = opt.handover]() {
+                                                 mode = opt.handover, ns = p.cache_namespace]() {
       struct Wake {  // however the call ends, the scheduler looks again
         Impl* m;
         ~Wake() {
@@ -520,7 +521,7 @@ bool Engine::Impl::await_handover(Request& r) {
           m->cv.notify_all();
         }
       } wake{this};
-      return peer->prefill(prefix, mode);
+      return peer->prefill(prefix, mode, ns);
     });
   }
   return !r.handover.valid() || r.handover.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
@@ -528,7 +529,8 @@ bool Engine::Impl::await_handover(Request& r) {
 
 // A prefill server's request, after its prompt: the state as entry bytes for the final event.
 void Engine::Impl::export_prompt_state(Request& r) {
-  const CacheEntry e = export_state(*model, r.params.prompt, r.session->state(), *r.params.export_state);
+  CacheEntry e = export_state(*model, r.params.prompt, r.session->state(), *r.params.export_state);
+  e.cache_namespace = r.params.cache_namespace;  // the decode server restores it in the same namespace
   r.exported = std::make_shared<const std::vector<uint8_t>>(encode_cache_entry(e, "the prompt's state"));
 }
 

@@ -97,6 +97,9 @@ struct RequestParams {
   // A prefill server's request (serve --role prefill): with max_tokens 0 and a prompt of whole 64-token
   // blocks, the final event carries the state after the prompt as a prompt-cache entry of this mode.
   std::optional<CacheMode> export_state;
+  // The prompt cache's namespace (io/cache_namespace.h): "" or the digest of the request's
+  // cache_salt. Prefixes are found and kept only among requests of the same namespace.
+  std::string cache_namespace;
 };
 
 // What a finished request did, on its final event.

@@ -83,18 +83,20 @@ int64_t PrefixCache::store_boundary(int64_t n) const {
 }
 
 CacheHit PrefixCache::restore(const std::vector<int32_t>& prompt, SequenceState& state, int64_t tail_start,
-                              const PromptImages* images) {
+                              const PromptImages* images, const std::string& cache_namespace) {
   CacheHit hit;
   if (state.length() != 0) fail("prefix cache", "restores only into a fresh sequence");
   const int64_t limit = usable_boundary(static_cast<int64_t>(prompt.size()));
   if (limit <= 0) return hit;
 
-  PrefixTree::Match m = tree_.match(prompt);
+  PrefixTree::Match m = tree_.match(prompt, cache_namespace);
   int64_t blocks = block_outside_spans(std::min(m.tokens, limit), images) / kTokensPerPage;
   if (mode_ == CacheMode::Exact) {  // only a boundary with a snapshot restores bit-identically
     while (blocks > 0 && !blocks_.at(m.path[blocks - 1]).snapshot) --blocks;
   }
-  if (disk_ && restore_from_disk(prompt, blocks * kTokensPerPage, state, tail_start, hit, images)) return hit;
+  if (disk_ && restore_from_disk(prompt, blocks * kTokensPerPage, state, tail_start, hit, images, cache_namespace)) {
+    return hit;
+  }
   if (blocks == 0) return hit;
 
   SequenceState st = model_.new_sequence(pools_);
@@ -127,7 +129,8 @@ CacheHit PrefixCache::restore(const std::vector<int32_t>& prompt, SequenceState&
 }
 
 bool PrefixCache::restore_from_disk(const std::vector<int32_t>& prompt, int64_t better_than, SequenceState& state,
-                                    int64_t tail_start, CacheHit& hit, const PromptImages* images) {
+                                    int64_t tail_start, CacheHit& hit, const PromptImages* images,
+                                    const std::string& cache_namespace) {
   const int64_t limit = usable_boundary(static_cast<int64_t>(prompt.size()));
   // The best entry is tried first; one that turns out gone or bad is forgotten by the folder, so the
   // next pass finds the next best and every bad file costs one read, once. Each pass but the last
@@ -137,6 +140,7 @@ bool PrefixCache::restore_from_disk(const std::vector<int32_t>& prompt, int64_t 
     std::string best;
     int64_t best_tokens = better_than;
     for (const auto& [name, item] : disk_->items()) {
+      if (item.cache_namespace != cache_namespace) continue;
       const int64_t n = static_cast<int64_t>(item.tokens.size());
       const int64_t common = std::mismatch(item.tokens.begin(), item.tokens.end(), prompt.begin(),
                                            prompt.begin() + std::min<int64_t>(n, static_cast<int64_t>(prompt.size())))
@@ -195,10 +199,10 @@ std::string PrefixCache::restore_sections(const std::vector<int32_t>& prompt, co
   return "";
 }
 
-int64_t PrefixCache::ram_hit_tokens(const std::vector<int32_t>& prompt) const {
+int64_t PrefixCache::ram_hit_tokens(const std::vector<int32_t>& prompt, const std::string& cache_namespace) const {
   const int64_t limit = usable_boundary(static_cast<int64_t>(prompt.size()));
   if (limit <= 0) return 0;
-  const PrefixTree::Match m = tree_.match(prompt);
+  const PrefixTree::Match m = tree_.match(prompt, cache_namespace);
   int64_t blocks = std::min(m.tokens, limit) / kTokensPerPage;
   if (mode_ == CacheMode::Exact) {
     while (blocks > 0 && !blocks_.at(m.path[blocks - 1]).snapshot) --blocks;
@@ -207,7 +211,7 @@ int64_t PrefixCache::ram_hit_tokens(const std::vector<int32_t>& prompt) const {
 }
 
 CacheHit PrefixCache::restore_handed(const std::vector<int32_t>& prompt, const CacheEntry& entry, SequenceState& state,
-                                     int64_t tail_start) {
+                                     int64_t tail_start, const std::string& cache_namespace) {
   const int64_t n = static_cast<int64_t>(entry.tokens.size());
   const auto refuse = [&](const std::string& why) { fail("handed-over state", why); };
   if (state.length() != 0) refuse("restores only into a fresh sequence");
@@ -215,6 +219,7 @@ CacheHit PrefixCache::restore_handed(const std::vector<int32_t>& prompt, const C
   if (n <= 0 || n % kTokensPerPage != 0 || n > usable_boundary(static_cast<int64_t>(prompt.size())))
     refuse("covers " + std::to_string(n) + " tokens, not a block boundary short of the prompt's end");
   if (!std::equal(entry.tokens.begin(), entry.tokens.end(), prompt.begin())) refuse("is not of this prompt's prefix");
+  if (entry.cache_namespace != cache_namespace) refuse("belongs to another cache namespace (cache_salt)");
   if (entry.mode == "exact" && n < model_.config().window_size) refuse("exact state inside the first window");
   CacheHit hit;
   const std::string why = restore_sections(prompt, entry, n, parse_cache_mode(entry.mode), state, tail_start, hit);
@@ -239,7 +244,8 @@ CacheEntry export_state(const Model& model, const std::vector<int32_t>& tokens, 
   return e;
 }
 
-uint64_t PrefixCache::store(const std::vector<int32_t>& tokens, const SequenceState& st) {
+uint64_t PrefixCache::store(const std::vector<int32_t>& tokens, const SequenceState& st,
+                            const std::string& cache_namespace) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (st.length() != n || n <= 0 || n % kTokensPerPage != 0) {
     fail("prefix cache", "stores whole blocks of " + std::to_string(kTokensPerPage) + " tokens at the sequence's end");
@@ -268,15 +274,17 @@ uint64_t PrefixCache::store(const std::vector<int32_t>& tokens, const SequenceSt
         blocks_.emplace(id, std::move(b));
         return id;
       },
-      [&](PrefixTree::EntryId id) { return blocks_.at(id).bytes; });
-  tree_.touch(tree_.match(tokens), ++clock_);
+      [&](PrefixTree::EntryId id) { return blocks_.at(id).bytes; }, cache_namespace);
+  tree_.touch(tree_.match(tokens, cache_namespace), ++clock_);
   for (PrefixTree::EntryId id : tree_.evict_until(ram_budget_, [](PrefixTree::EntryId) { return true; })) {
     release(blocks_.at(id));
     blocks_.erase(id);
   }
   if (!disk_) return 0;
 
-  return disk_->store(export_state(model_, tokens, st, mode_));  // never throws: a failed write leaves the request uncached
+  CacheEntry entry = export_state(model_, tokens, st, mode_);
+  entry.cache_namespace = cache_namespace;
+  return disk_->store(entry);  // never throws: a failed write leaves the request uncached
 }
 
 }  // namespace dsv41

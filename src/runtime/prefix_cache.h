@@ -4,6 +4,10 @@
 // are kept as verified files that a later process finds again (state/cache_folder.h: an index built at
 // start, a byte budget, and disk problems that only ever cost a recompute, each logged once).
 //
+// Every method that finds or keeps a prefix takes the request's cache namespace (io/cache_namespace.h:
+// "" or its cache salt's digest): a prefix is found only in its own namespace, in RAM, on disk and in
+// a handover.
+//
 // Two restore modes:
 //  - exact: the windows, compressor tails and the rest of the short-lived state at the block boundary
 //    are kept too, so the restored state is bit-identical to having prefilled the prefix;
@@ -67,22 +71,22 @@ class PrefixCache {
   // tokens with `images`: no boundary falls inside a span, and a replay takes the spans' rows and
   // starts where no span is cut.
   CacheHit restore(const std::vector<int32_t>& prompt, SequenceState& state, int64_t tail_start,
-                   const PromptImages* images = nullptr);
+                   const PromptImages* images = nullptr, const std::string& cache_namespace = {});
 
   // Prompt tokens restore() would take from RAM for `prompt` (0: none), without restoring them.
-  int64_t ram_hit_tokens(const std::vector<int32_t>& prompt) const;
+  int64_t ram_hit_tokens(const std::vector<int32_t>& prompt, const std::string& cache_namespace = {}) const;
 
   // Restores `entry`, the state after a block-aligned prefix of `prompt` that another server
   // prefilled (serve --role decode), into `state` (a fresh sequence): as a disk entry of the entry's
   // own mode, exact or replayed. Error naming what does not fit (not a prefix of the prompt, not on
-  // a usable boundary, rows or windows of another shape); `state` is then untouched.
+  // a usable boundary, another namespace, rows or windows of another shape); `state` is then untouched.
   CacheHit restore_handed(const std::vector<int32_t>& prompt, const CacheEntry& entry, SequenceState& state,
-                          int64_t tail_start);
+                          int64_t tail_start, const std::string& cache_namespace = {});
 
   // Records the state after `tokens` (state.length == tokens.size(), a multiple of kTokensPerPage) in
   // RAM and, with a disk tier, in a file. Returns the bytes written to disk: 0 without a disk tier and
   // when the write failed, which is counted and logged but never thrown (the request goes on uncached).
-  uint64_t store(const std::vector<int32_t>& tokens, const SequenceState& state);
+  uint64_t store(const std::vector<int32_t>& tokens, const SequenceState& state, const std::string& cache_namespace = {});
 
   uint64_t ram_bytes() const { return tree_.bytes(); }
   uint64_t pages_held() const { return blocks_.size() * sources_.size() * 2; }  // a main and a key page per source
@@ -100,7 +104,7 @@ class PrefixCache {
   void replay(const std::vector<int32_t>& prompt, int64_t boundary, SequenceState& state, int64_t tail_start,
               CacheHit& hit, const PromptImages* images) const;
   bool restore_from_disk(const std::vector<int32_t>& prompt, int64_t better_than, SequenceState& state, int64_t tail_start,
-                         CacheHit& hit, const PromptImages* images);
+                         CacheHit& hit, const PromptImages* images, const std::string& cache_namespace);
   bool restore_entry(const std::vector<int32_t>& prompt, const std::string& name, int64_t best_tokens,
                      SequenceState& state, int64_t tail_start, CacheHit& hit, const PromptImages* images);
   // The first `tokens` tokens of `entry` restored into a fresh sequence moved into `state`, exact or

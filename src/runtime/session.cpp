@@ -39,12 +39,12 @@ void Session::begin_prefill(const std::vector<int32_t>& tokens, const CacheEntry
     handover_refusal_ = "a prompt with images is prefilled here";  // a prefill server gets token ids only
   } else if (caching && handed != nullptr) {
     try {
-      hit_ = cache_->restore_handed(tokens, *handed, state_, pending_opt_.tail_start);
+      hit_ = cache_->restore_handed(tokens, *handed, state_, pending_opt_.tail_start, options_.cache_namespace);
     } catch (const Error& e) {
       handover_refusal_ = e.what();
     }
   }
-  if (caching && hit_.cached_tokens == 0) hit_ = cache_->restore(keys, state_, pending_opt_.tail_start, images.get());
+  if (caching && hit_.cached_tokens == 0) hit_ = cache_->restore(keys, state_, pending_opt_.tail_start, images.get(), options_.cache_namespace);
   // With a cache, one call ends exactly at the last block boundary so the state there can be stored.
   // A tail-mode prompt's decoder windows hold only its last rows, so its state at a boundary is not
   // what an exact prefill leaves there: an exact-mode cache (which promises bit-identical restores)
@@ -58,7 +58,7 @@ void Session::begin_prefill(const std::vector<int32_t>& tokens, const CacheEntry
   if (hit_.source == "peer" && store_at_ == hit_.cached_tokens) {
     // a prefill server's state is this server's to reuse: the next turn of the conversation finds
     // its history here instead of asking for it again
-    disk_bytes_ = cache_->store({keys.begin(), keys.begin() + store_at_}, state_);
+    disk_bytes_ = cache_->store({keys.begin(), keys.begin() + store_at_}, state_, options_.cache_namespace);
     stored_tokens_ = store_at_;
   }
   pending_ = tokens;
@@ -87,7 +87,7 @@ int64_t Session::prefill_step(int64_t max_tokens) {
   pending_done_ = end;
   if (end == n) last_logits_ = std::move(r.logits);
   if (end == store_at_ && store_at_ > hit_.cached_tokens) {
-    disk_bytes_ = cache_->store({pending_keys_.begin(), pending_keys_.begin() + store_at_}, state_);
+    disk_bytes_ = cache_->store({pending_keys_.begin(), pending_keys_.begin() + store_at_}, state_, options_.cache_namespace);
     stored_tokens_ = store_at_;
   }
   return end - done;

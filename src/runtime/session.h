@@ -23,6 +23,9 @@ struct SessionOptions {
   // a long prefill's working memory. 0 = kDefaultPrefillChunk.
   int64_t chunk = 0;
   IndexKeysMode index_keys = IndexKeysMode::Owner;
+  // The prompt cache's namespace this sequence finds and keeps its prefixes in (io/cache_namespace.h):
+  // "" or its request's cache salt's digest.
+  std::string cache_namespace;
 };
 
 class Session {

@@ -6,6 +6,7 @@
 #include <random>
 #include <sstream>
 
+#include "io/cache_namespace.h"
 #include "server/access_policy.h"
 #include "server/chat_fields.h"
 #include "server/json_body.h"
@@ -64,6 +65,15 @@ void parse_common(const ojson& body, ApiRequest& req) {
     if (!bias->is_object() || !bias->empty()) throw invalid_request("logit_bias", "logit_bias is not supported (only {})");
   }
   req.params.ignore_eos = get_bool(body, "ignore_eos", false);
+  if (const ojson* salt = field(body, "cache_salt")) {  // vLLM's: the prompt cache's tenant (io/cache_namespace.h)
+    if (!salt->is_string()) throw invalid_request("cache_salt", "cache_salt must be a string, got " + kind(*salt));
+    const std::string& s = salt->get_ref<const std::string&>();
+    if (s.empty()) throw invalid_request("cache_salt", "cache_salt must not be empty when given");
+    if (s.size() > kMaxCacheSaltBytes) {
+      throw invalid_request("cache_salt", "cache_salt holds at most " + std::to_string(kMaxCacheSaltBytes) + " bytes");
+    }
+    req.params.cache_namespace = cache_namespace_of_salt(s);
+  }
 
   if (const ojson* stop = field(body, "stop")) {
     std::vector<std::string> list;

@@ -55,6 +55,7 @@ CacheFolder::CacheFolder(std::string dir, std::string fingerprint, std::string m
     Item& item = items_[fs::path(f.path).filename().string()];
     item.path = std::move(f.path);
     item.tokens = std::move(f.tokens);
+    item.cache_namespace = std::move(f.cache_namespace);
     item.bytes = f.file_bytes;
     item.last_use = ++clock_;
     bytes_ += item.bytes;
@@ -93,7 +94,7 @@ std::optional<CacheEntry> CacheFolder::read(const std::string& name) {
     return std::nullopt;
   }
   // The caller chose this entry by the tokens indexed: a file replaced meanwhile must not stand in.
-  if (entry->mode != mode_ || entry->tokens != item.tokens) {
+  if (entry->mode != mode_ || entry->tokens != item.tokens || entry->cache_namespace != item.cache_namespace) {
     forget(name, item.path + ": holds another prefix than when the folder was indexed");
     return std::nullopt;
   }
@@ -126,7 +127,7 @@ uint64_t CacheFolder::store(const CacheEntry& entry) {
     warned_too_big_ = true;
     return 0;
   }
-  const std::string name = cache_file_name(entry.model_fingerprint, entry.mode, entry.tokens);
+  const std::string name = cache_file_name(entry.model_fingerprint, entry.mode, entry.tokens, entry.cache_namespace);
   const std::string path = dir_ + "/" + name;
   uint64_t written = 0;
   try {
@@ -155,6 +156,7 @@ uint64_t CacheFolder::store(const CacheEntry& entry) {
   bytes_ = bytes_ - item.bytes + written;  // the same prefix stored again replaces its file
   item.path = path;
   item.tokens = entry.tokens;
+  item.cache_namespace = entry.cache_namespace;
   item.bytes = written;
   item.last_use = ++clock_;
   evict_to_budget();

@@ -37,6 +37,7 @@ class CacheFolder {
   struct Item {
     std::string path;
     std::vector<int32_t> tokens;
+    std::string cache_namespace;  // "" or a cache salt's digest: restored only for the same salt
     uint64_t bytes = 0;
     uint64_t last_use = 0;  // this process's clock; at start, the order of the files' modification times
   };

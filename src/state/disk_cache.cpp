@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors_writer.h"
+#include "io/cache_namespace.h"
 #include "util/error.h"
 
 namespace dsv41 {
@@ -127,7 +128,7 @@ class EntryReader {
 
 // The header after validation: every count capped, sections tiling the body in table order.
 struct Layout {
-  std::string fingerprint, mode;
+  std::string fingerprint, mode, cache_namespace;
   int64_t tokens = 0, logits = 0, body_bytes = 0;
   std::vector<CacheSection> sections;  // bytes not read yet
   std::vector<int64_t> sizes;
@@ -169,7 +170,7 @@ bool nesting_within(const std::string& text, int max_depth) {
   return true;
 }
 
-Layout parse_header(const std::string& text) {
+Layout parse_header(const std::string& text, uint32_t version) {
   if (!nesting_within(text, kMaxJsonDepth)) reject("header nests deeper than " + std::to_string(kMaxJsonDepth));
   const json h = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (h.is_discarded()) reject("header is not valid JSON");
@@ -178,6 +179,15 @@ Layout parse_header(const std::string& text) {
   l.fingerprint = get_string(h, "fingerprint", "header");
   l.mode = get_string(h, "mode", "header");
   if (!is_mode(l.mode)) reject("header mode '" + printable(l.mode) + "' is neither exact nor replay");
+  // a version-2 entry belongs to a salted namespace; a version-1 entry to the shared one
+  const bool has_namespace = h.contains("namespace");
+  if (version == 1 && has_namespace) reject("a format version 1 header names a namespace");
+  if (version == 2) {
+    l.cache_namespace = get_string(h, "namespace", "header");
+    if (l.cache_namespace.empty() || !is_cache_namespace(l.cache_namespace)) {
+      reject("header namespace '" + printable(l.cache_namespace) + "' is not 32 lowercase hex digits");
+    }
+  }
   l.tokens = get_int(h, "tokens", 0, kMaxTokens, "header");
   l.logits = get_int(h, "logits", 0, kMaxLogits, "header");
   l.body_bytes = get_int(h, "body_bytes", 0, kMaxBodyBytes, "header");
@@ -214,14 +224,14 @@ Layout read_front(EntryReader& r, const std::string& expected_fingerprint, std::
   r.read(pre, sizeof pre, "preamble");
   if (std::memcmp(pre, kMagic, sizeof kMagic) != 0) reject("bad magic: not a dsv41 prompt-cache entry");
   const uint32_t version = load<uint32_t>(pre + 8);
-  if (version != kCacheFormatVersion) {
-    reject("format version " + std::to_string(version) + ", this build reads " + std::to_string(kCacheFormatVersion));
+  if (version < 1 || version > kCacheFormatVersion) {
+    reject("format version " + std::to_string(version) + ", this build reads 1 to " + std::to_string(kCacheFormatVersion));
   }
   const uint32_t header_bytes = load<uint32_t>(pre + 12);
   if (header_bytes > kMaxHeaderBytes) reject("header length " + std::to_string(header_bytes) + " exceeds the 16 MiB cap");
   std::string text(header_bytes, '\0');
   r.read(text.data(), header_bytes, "header");
-  Layout l = parse_header(text);
+  Layout l = parse_header(text, version);
   const uint64_t expected = kPreambleBytes + header_bytes + 4 * static_cast<uint64_t>(l.tokens) +
                             static_cast<uint64_t>(l.body_bytes) + 4 * static_cast<uint64_t>(l.logits) + 8;
   if (expected > r.size()) {
@@ -245,6 +255,7 @@ Layout read_front(EntryReader& r, const std::string& expected_fingerprint, std::
 std::vector<uint8_t> encode_cache_entry(const CacheEntry& entry, const std::string& path) {
   // Refuse here whatever the reader would refuse, so every file written can be read back.
   if (!is_mode(entry.mode)) fail(path, "cache mode '" + entry.mode + "' is neither exact nor replay");
+  if (!is_cache_namespace(entry.cache_namespace)) fail(path, "cache namespace is not 32 lowercase hex digits");
   if (entry.tokens.size() > kMaxTokens || entry.last_logits.size() > kMaxLogits || entry.sections.size() > kMaxSections) {
     fail(path, "cache entry has more tokens, logits or sections than the format allows");
   }
@@ -262,9 +273,13 @@ std::vector<uint8_t> encode_cache_entry(const CacheEntry& entry, const std::stri
     body += s.bytes.size();
     if (body > static_cast<uint64_t>(kMaxBodyBytes)) fail(path, "cache sections exceed the format's size cap");
   }
-  const json header = {{"fingerprint", entry.model_fingerprint}, {"mode", entry.mode},
-                       {"tokens", entry.tokens.size()},          {"logits", entry.last_logits.size()},
-                       {"body_bytes", body},                     {"sections", std::move(table)}};
+  json header = {{"fingerprint", entry.model_fingerprint}, {"mode", entry.mode},
+                 {"tokens", entry.tokens.size()},          {"logits", entry.last_logits.size()},
+                 {"body_bytes", body},                     {"sections", std::move(table)}};
+  // An entry of the shared namespace is written as version 1, which builds that predate namespaces
+  // share too; a salted one as version 2, which they refuse rather than serve it to every tenant.
+  const uint32_t version = entry.cache_namespace.empty() ? 1 : 2;
+  if (version == 2) header["namespace"] = entry.cache_namespace;
   std::string text;
   try {
     text = header.dump();
@@ -279,7 +294,7 @@ std::vector<uint8_t> encode_cache_entry(const CacheEntry& entry, const std::stri
   const auto append = [&file](const void* p, size_t n) {
     file.insert(file.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n);
   };
-  const uint32_t preamble[2] = {kCacheFormatVersion, static_cast<uint32_t>(text.size())};
+  const uint32_t preamble[2] = {version, static_cast<uint32_t>(text.size())};
   append(kMagic, sizeof kMagic);
   append(preamble, sizeof preamble);
   append(text.data(), text.size());
@@ -315,6 +330,7 @@ CacheEntry read_entry(EntryReader& r, const std::string& expected_fingerprint) {
   if (load<uint64_t>(stored) != computed) reject("checksum mismatch: the file is corrupted");
   e.model_fingerprint = std::move(l.fingerprint);
   e.mode = std::move(l.mode);
+  e.cache_namespace = std::move(l.cache_namespace);
   e.sections = std::move(l.sections);
   return e;
 }
@@ -367,7 +383,9 @@ std::vector<CacheIndexItem> scan_cache_dir(const std::string& dir, const std::st
       EntryReader r(p.string());
       CacheIndexItem item;
       item.path = p.string();
-      item.mode = read_front(r, expected_fingerprint, &item.tokens).mode;
+      const Layout l = read_front(r, expected_fingerprint, &item.tokens);
+      item.mode = l.mode;
+      item.cache_namespace = l.cache_namespace;
       item.file_bytes = r.size();
       item.modified_ns = r.modified_ns();
       items.push_back(std::move(item));
@@ -413,11 +431,13 @@ std::vector<std::string> remove_stale_cache_temporaries(const std::string& dir, 
 }
 
 std::string cache_file_name(const std::string& fingerprint, const std::string& mode,
-                            const std::vector<int32_t>& tokens) {
-  // Each string is prefixed by its length so that ("ab", "c") and ("a", "bc") hash differently.
+                            const std::vector<int32_t>& tokens, const std::string& cache_namespace) {
+  // Each string is prefixed by its length so that ("ab", "c") and ("a", "bc") hash differently; the
+  // shared namespace adds nothing, so its names are those of the builds before namespaces.
   XXH3_state_t h;
   XXH3_64bits_reset(&h);
-  for (const std::string* s : {&fingerprint, &mode}) {
+  for (const std::string* s : {&fingerprint, &mode, &cache_namespace}) {
+    if (s == &cache_namespace && s->empty()) continue;
     const uint64_t length = s->size();
     XXH3_64bits_update(&h, &length, sizeof length);
     XXH3_64bits_update(&h, s->data(), s->size());

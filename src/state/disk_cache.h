@@ -8,8 +8,10 @@
 //   token ids (i32 × tokens)  body (sections back to back, in table order)  logits (f32 × logits)
 //   XXH3-64 of every byte before it (u64)
 // The JSON header holds fingerprint, mode, tokens, logits, body_bytes and the section table
-// (name, layer, rows, offset, size; offsets relative to the body). The reader trusts none of it:
-// every count is capped and the whole layout must add up to exactly the file's size.
+// (name, layer, rows, offset, size; offsets relative to the body). Version 1 is an entry of the
+// shared namespace; version 2 adds the header's "namespace", a salted one's (io/cache_namespace.h).
+// The reader trusts none of it: every count is capped and the whole layout must add up to exactly
+// the file's size.
 #pragma once
 
 #include <chrono>
@@ -30,12 +32,13 @@ struct CacheSection {  // one state class of one owner layer, as raw bytes
 struct CacheEntry {
   std::string model_fingerprint;  // config identity: a different model must never reuse an entry
   std::string mode;               // "exact" or "replay"
+  std::string cache_namespace;    // "" or a cache salt's digest: shared only with the same salt
   std::vector<int32_t> tokens;    // the cached prefix
   std::vector<CacheSection> sections;
   std::vector<float> last_logits;  // logits at the prefix's last position (may be empty)
 };
 
-constexpr uint32_t kCacheFormatVersion = 1;
+constexpr uint32_t kCacheFormatVersion = 2;  // the newest this build reads and writes
 constexpr const char* kCacheFileExtension = ".dsv41kv";
 
 // Writes atomically (temp file in the same folder, fsync, rename) and returns the bytes written.
@@ -64,6 +67,7 @@ struct CacheIndexItem {
   std::string path;
   std::vector<int32_t> tokens;
   std::string mode;
+  std::string cache_namespace;
   uint64_t file_bytes = 0;
   int64_t modified_ns = 0;  // the file's modification time: its place in a least-recently-used order
 };
@@ -80,9 +84,9 @@ bool is_cache_temporary_name(const std::string& name);
 std::vector<std::string> remove_stale_cache_temporaries(const std::string& dir, std::chrono::seconds min_age,
                                                         std::vector<std::string>* warnings);
 
-// File name for a prefix: 16 hex digits of an XXH3-64 over fingerprint, mode and tokens, plus
-// kCacheFileExtension. Stable across processes and versions of this code.
+// File name for a prefix: 16 hex digits of an XXH3-64 over fingerprint, mode, namespace and tokens,
+// plus kCacheFileExtension. Stable across processes and versions of this code.
 std::string cache_file_name(const std::string& fingerprint, const std::string& mode,
-                            const std::vector<int32_t>& tokens);
+                            const std::vector<int32_t>& tokens, const std::string& cache_namespace = {});
 
 }  // namespace dsv41

@@ -3,6 +3,10 @@
 // typically the global KV pages of that block (model-spec §5: only global KV is kept for a prefix).
 // Matching is whole blocks only, so a hit always ends on a block boundary.
 //
+// Every chain starts at the root of a namespace (io/cache_namespace.h): "" for prompts without a
+// cache salt, one root per salt's digest beside it, so no match ever crosses from one to another.
+// A namespace's root goes when its last block does.
+//
 // The tree knows nothing about what an entry holds: the caller creates entries in insert(), says how
 // many bytes each one costs, and frees (or spills to disk) whatever evict_until() returns.
 //
@@ -13,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -33,17 +38,17 @@ class PrefixTree {
 
   size_t block_tokens() const { return block_tokens_; }
 
-  // Longest chain of full blocks of `tokens` present in the tree.
-  Match match(const std::vector<int32_t>& tokens) const;
+  // Longest chain of full blocks of `tokens` present in the tree under namespace `ns`.
+  Match match(const std::vector<int32_t>& tokens, const std::string& ns = {}) const;
 
-  // Ensures nodes exist for the first n_blocks blocks of `tokens`. For each node created,
+  // Ensures nodes exist for the first n_blocks blocks of `tokens` under namespace `ns`. For each node created,
   // make_entry(block_index) supplies its entry (kNoEntry is allowed) and entry_bytes(entry) its
   // size (not called for kNoEntry, which costs 0). Existing nodes are left as they are. New nodes
   // take the latest clock value seen by touch(), so they are not the first to go before the caller
   // touches them.
   void insert(const std::vector<int32_t>& tokens, int64_t n_blocks,
               const std::function<EntryId(int64_t block_index)>& make_entry,
-              const std::function<size_t(EntryId)>& entry_bytes);
+              const std::function<size_t(EntryId)>& entry_bytes, const std::string& ns = {});
 
   // Marks the matched nodes as used at time `now` (the caller's LRU clock).
   void touch(const Match& match, uint64_t now);
@@ -56,7 +61,8 @@ class PrefixTree {
   std::vector<EntryId> evict_until(size_t max_bytes, const std::function<bool(EntryId)>& evictable);
 
   size_t bytes() const { return bytes_; }
-  size_t nodes() const { return nodes_.size() - 1; }  // not counting the root
+  size_t nodes() const { return nodes_.size() - 1 - roots_.size(); }  // blocks, not counting the roots
+  size_t namespaces() const { return roots_.size(); }  // salted namespaces holding blocks now
   // Forgets every node. The entries are the caller's: it must free them itself.
   void clear();
 
@@ -68,13 +74,19 @@ class PrefixTree {
     EntryId entry = kNoEntry;
     uint64_t last_use = 0;
     size_t bytes = 0;
+    bool is_root = false;  // a namespace's root: no block, no entry
+    std::string ns;        // a root's namespace
   };
-  static constexpr uint64_t kRoot = 0;
+  static constexpr uint64_t kRoot = 0;  // the root of namespace ""
+
+  uint64_t root_of(const std::string& ns) const;  // kNoNode when the namespace holds nothing
+  static constexpr uint64_t kNoNode = ~uint64_t{0};
 
   // Nodes live in a flat map by id rather than owning each other, so a very long prompt (a chain of
   // thousands of blocks) is never destroyed by deep recursion, and touch() can find a node by id
   // and notice when it is gone.
   std::unordered_map<uint64_t, Node> nodes_;
+  std::unordered_map<std::string, uint64_t> roots_;  // salted namespaces' roots ("" is kRoot)
   size_t block_tokens_;
   uint64_t next_id_ = 1;
   uint64_t clock_ = 0;  // latest `now` passed to touch()

@@ -4,6 +4,7 @@
 #include <future>
 #include <nlohmann/json.hpp>
 
+#include "io/cache_namespace.h"
 #include "util/error.h"
 
 namespace dsv41 {
@@ -23,7 +24,8 @@ UcxPrefillPeer::UcxPrefillPeer(UcxAddress peer, uint64_t max_answer_bytes, std::
     : peer_(std::move(peer)), max_answer_bytes_(max_answer_bytes), timeout_(timeout),
       backoff_(timeout, std::max(timeout, kLongestBackoff)) {}
 
-std::vector<uint8_t> UcxPrefillPeer::prefill(const std::vector<int32_t>& tokens, CacheMode mode) {
+std::vector<uint8_t> UcxPrefillPeer::prefill(const std::vector<int32_t>& tokens, CacheMode mode,
+                                             const std::string& cache_namespace) {
   const std::string what = "the prefill server " + peer_.text();
   if (stopping_) fail(what, "not asked: the server is stopping");
   bool trying = false;
@@ -32,7 +34,7 @@ std::vector<uint8_t> UcxPrefillPeer::prefill(const std::vector<int32_t>& tokens,
   const Deadline deadline = std::chrono::steady_clock::now() + timeout_;
   std::vector<uint8_t> answer;
   try {
-    answer = exchange(tokens, mode, deadline, what);
+    answer = exchange(tokens, mode, cache_namespace, deadline, what);
   } catch (const Error&) {
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline && !stopping_) {
@@ -49,14 +51,16 @@ std::vector<uint8_t> UcxPrefillPeer::prefill(const std::vector<int32_t>& tokens,
   return answer;
 }
 
-std::vector<uint8_t> UcxPrefillPeer::exchange(const std::vector<int32_t>& tokens, CacheMode mode, Deadline deadline,
+std::vector<uint8_t> UcxPrefillPeer::exchange(const std::vector<int32_t>& tokens, CacheMode mode,
+                                              const std::string& cache_namespace, Deadline deadline,
                                               const std::string& what) {
   UcxWorker worker;
   const std::unique_ptr<UcxConnection> c = UcxConnection::connect(worker, peer_, &stopping_);
   const nlohmann::json request = {{"protocol", "dsv41-prefill"},
                                   {"version", kPrefillProtocolVersion},
                                   {"mode", cache_mode_name(mode)},
-                                  {"tokens", tokens}};
+                                  {"tokens", tokens},
+                                  {"namespace", cache_namespace}};
   c->send(bytes_of(request.dump()), deadline, what);
   return c->receive(max_answer_bytes_ + 1, deadline, what);
 }
@@ -116,7 +120,11 @@ void PrefillListener::serve(UcxListener& listener) {
             fail("request", "holds a token id that is not a non-negative integer");
           tokens.push_back(id.get<int32_t>());
         }
-        const std::vector<uint8_t> entry = handler_(tokens, parse_cache_mode(request.value("mode", "")), stopping_);
+        const nlohmann::json& ns = request.contains("namespace") ? request["namespace"] : nlohmann::json();
+        if (!ns.is_string() || !is_cache_namespace(ns.get<std::string>()))
+          fail("request", "needs a namespace: \"\" or 32 lowercase hex digits");
+        const std::vector<uint8_t> entry =
+            handler_(tokens, parse_cache_mode(request.value("mode", "")), ns.get<std::string>(), stopping_);
         answer.insert(answer.end(), entry.begin(), entry.end());
       } catch (const Error& e) {
         answer = bytes_of(std::string(1, '\1') + e.what());

@@ -110,6 +110,18 @@ TEST(PrefillDecode, ChatAndStreamGiveTheSingleServerAnswersInBothModes) {
     const double tokens = metric(decode.port(), "dsv41_handover_tokens_total");
     EXPECT_GT(bytes, 0);
     EXPECT_EQ(tokens, static_cast<double>((prompt - 1) / 64 * 64));
+    if (mode == "replay") continue;
+    // A tenant's turn (cache_salt): both servers hold the prompt in the shared namespace only, so the
+    // decode server asks again, and the prefill server, told the namespace, computes it again.
+    const double prefill_cached = metric(prefill.port(), "dsv41_cached_tokens_total");
+    json salted = long_chat(16);
+    salted["cache_salt"] = "tenant-a";
+    const Reply t = post(decode.port(), "/v1/chat/completions", salted);
+    ASSERT_EQ(t.status, 200) << t.raw;
+    EXPECT_EQ(t.body["choices"][0]["message"]["content"].get<std::string>(), want);
+    EXPECT_EQ(metric(decode.port(), "dsv41_handovers_total"), 2);
+    EXPECT_EQ(metric(prefill.port(), "dsv41_cached_tokens_total"), prefill_cached)
+        << "the prefill server must not serve a salted request from the shared namespace";
   }
 }
 

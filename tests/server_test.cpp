@@ -1377,6 +1377,53 @@ TEST(ServerCommand, SigtermAnswersRequestsInFlight) {
 }
 
 
+// cache_salt (vLLM's field, on every route) keeps tenants apart in the prompt cache: a long prompt
+// cached under one salt is a miss under another salt and without one, and a hit under its own, on the
+// chat, Messages and Responses routes alike; a salt that is not a non-empty string is a 400.
+TEST(ServerLive, CacheSaltKeepsTenantsApart) {
+  LiveServer& s = shared_server();
+  std::string text = "Tenant isolation check.";
+  for (int i = 0; i < 60; ++i) text += " ledger entry " + std::to_string(i * 7919 % 1000);
+  const auto cached = [&](const json& salt) {
+    json body = greedy_chat(text, 2);
+    if (!salt.is_null()) body["cache_salt"] = salt;
+    const Reply r = post(s.port(), "/v1/chat/completions", body);
+    EXPECT_EQ(r.status, 200) << r.raw;
+    return r.status == 200 ? r.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>() : -1;
+  };
+  ASSERT_GT(post(s.port(), "/tokenize", {{"messages", greedy_chat(text, 2)["messages"]}}).body["count"].get<int64_t>(), 200);
+  EXPECT_EQ(cached("tenant-a"), 0);
+  EXPECT_EQ(cached("tenant-b"), 0) << "another salt must not see tenant a's prefix";
+  EXPECT_EQ(cached(nullptr), 0) << "no salt must not see a salted prefix";
+  const int64_t hit = cached("tenant-a");
+  EXPECT_GE(hit, 192) << "the same salt shares its prefix";
+  EXPECT_EQ(cached(nullptr), hit) << "and the unsalted namespace has its own by now";
+
+  const json messages_body = {{"model", s.engine().model_name()}, {"max_tokens", 2}, {"temperature", 0},
+                              {"cache_salt", "tenant-b"}, {"messages", {{{"role", "user"}, {"content", text}}}}};
+  const Reply m = post(s.port(), "/v1/messages", messages_body);
+  ASSERT_EQ(m.status, 200) << m.raw;
+  EXPECT_GE(m.body["usage"]["cache_read_input_tokens"].get<int64_t>(), 192) << m.raw;
+  const json responses_body = {{"model", s.engine().model_name()}, {"max_output_tokens", 2}, {"temperature", 0},
+                               {"cache_salt", "tenant-c"}, {"input", text}};
+  const Reply r = post(s.port(), "/v1/responses", responses_body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["usage"]["input_tokens_details"]["cached_tokens"], 0) << r.raw;
+
+  const json hi = {{{"role", "user"}, {"content", "Hi"}}};
+  for (const json& bad : {json(""), json(7), json(std::string(1025, 's'))}) {
+    for (const auto& [route, body] : std::vector<std::pair<std::string, json>>{
+             {"/v1/chat/completions", {{"messages", hi}, {"max_tokens", 1}, {"cache_salt", bad}}},
+             {"/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 1}, {"cache_salt", bad}}},
+             {"/v1/messages", {{"messages", hi}, {"max_tokens", 1}, {"cache_salt", bad}}},
+             {"/v1/responses", {{"input", "Hi"}, {"max_output_tokens", 1}, {"cache_salt", bad}}}}) {
+      const Reply e = post(s.port(), route, body);
+      EXPECT_EQ(e.status, 400) << route << " " << e.raw;
+      EXPECT_NE(e.raw.find("cache_salt"), std::string::npos) << route << " " << e.raw;
+    }
+  }
+}
+
 // "speculative": "dspark" through the server: the greedy text of plain decoding, streamed and not,
 // with verifications counted in /metrics under vLLM's names; "off" runs none.
 TEST(ServerLive, SpeculativeRequestsGiveThePlainGreedyText) {

@@ -25,6 +25,7 @@
 #include "runtime/prefix_cache.h"
 #include "state/state_graph.h"
 #include "io/layer_roles.h"
+#include "transfer/kv_event_publisher.h"
 #include "transfer/prefill_link.h"
 #include "server/access_policy.h"
 #include "server/http_server.h"
@@ -48,6 +49,13 @@ constexpr const char* kHelp = R"(usage: dsv41 serve -m DIR [options]
                              the folder's size cap; least recently used entries go past it (default 8192)
       --cache-mode M         exact (default) or replay, as in generate
       --cache-ram-mb N       RAM the prefix cache may keep (default 256)
+      --kv-events ENDPOINT   publish what the prefix cache stores and evicts as vLLM's KV events (msgpack
+                             over a ZeroMQ PUB socket bound at ENDPOINT, e.g. tcp://0.0.0.0:5557; port *
+                             picks a free one, printed at start), for cache-aware routers (default: off)
+      --kv-events-replay ENDPOINT
+                             with --kv-events: a ZeroMQ ROUTER socket there answers subscribers that missed
+                             batches with the last 10000 (default: none)
+      --kv-events-topic T    the topic frame of every KV event message (default: empty, as vLLM's)
       --ram SIZE             memory budget the model's load follows, e.g. 16G (default: the available RAM, or
                              the memory cgroup's limit when lower; above that limit it is refused;
                              `dsv41 plan` shows the plan)
@@ -191,7 +199,8 @@ int run_serve(int argc, char** argv, MpiJob* job) {
              "--request-timeout", "--header-timeout", "--body-timeout", "--speculative", "--draft-length",
              "--max-client-connections", "--bodies-in-flight-mb", "--shutdown-grace", "--stall-timeout",
              "--role", "--prefill-peer", "--handover", "--handover-listen", "--handover-timeout", "--max-images",
-             "--max-image-pixels", "--rank-timeout", "--special-tokens-in"},
+             "--max-image-pixels", "--rank-timeout", "--special-tokens-in", "--kv-events", "--kv-events-replay",
+             "--kv-events-topic"},
             {"--log-requests", "--test-hooks", "--expert-parallel"}, {{"-m", "--model"}});
   if (!args.positional().empty()) fail(args.positional()[0], "unexpected argument");
 
@@ -237,6 +246,19 @@ int run_serve(int argc, char** argv, MpiJob* job) {
     const uint64_t most = static_cast<uint64_t>(graph.global_bytes_per_token() * static_cast<double>(config.max_seq_len)) +
                           static_cast<uint64_t>(graph.fixed_bytes_per_sequence()) + (uint64_t{64} << 20);
     eo.prefill_peer = std::make_shared<UcxPrefillPeer>(peer, most, timeout);
+  }
+
+  std::shared_ptr<ZmqKvEventPublisher> kv_events;
+  if (!args.has("--kv-events") && (args.has("--kv-events-replay") || args.has("--kv-events-topic"))) {
+    fail(args.has("--kv-events-replay") ? "--kv-events-replay" : "--kv-events-topic", "needs --kv-events");
+  }
+  if (args.has("--kv-events")) {
+    KvEventPublisherOptions ko;
+    ko.endpoint = args.get("--kv-events");
+    ko.replay_endpoint = args.get("--kv-events-replay");
+    ko.topic = args.get("--kv-events-topic");
+    kv_events = std::make_shared<ZmqKvEventPublisher>(ko);
+    eo.kv_events = kv_events;
   }
 
   server::ServerOptions so;
@@ -305,6 +327,10 @@ int run_serve(int argc, char** argv, MpiJob* job) {
     role_note = "; prefill role, handover on ucx " + at.text();
   } else if (role == "decode") {
     role_note = "; decode role, prefill peer " + args.get("--prefill-peer") + ", " + cache_mode_name(eo.handover) + " handover";
+  }
+  if (kv_events) {
+    role_note += "; kv events on " + kv_events->endpoint();
+    if (!kv_events->replay_endpoint().empty()) role_note += ", replay on " + kv_events->replay_endpoint();
   }
   server::HttpServer server(engine, so);
   const int port = server.bind();

@@ -18,6 +18,17 @@ std::string cache_namespace_of_salt(const std::string& salt) {
   return hex;
 }
 
+uint64_t cache_block_hash(const uint64_t* parent, const std::string& ns, const int32_t* tokens, size_t count) {
+  uint64_t seed = 0;
+  if (parent != nullptr) {
+    seed = *parent;
+  } else {
+    const std::string root = "dsv41 prompt-cache root\n" + ns;
+    seed = XXH3_64bits(root.data(), root.size());
+  }
+  return XXH3_64bits_withSeed(tokens, count * sizeof(int32_t), seed);
+}
+
 bool is_cache_namespace(const std::string& ns) {
   return ns.empty() || (ns.size() == 32 && std::all_of(ns.begin(), ns.end(), [](char c) {
                           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');

@@ -8,6 +8,8 @@
 // cannot aim at its namespace, and one who knows it could send it anyway.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace dsv41 {
@@ -20,5 +22,11 @@ std::string cache_namespace_of_salt(const std::string& salt);
 
 // True for "" and for what cache_namespace_of_salt returns: what a file or a peer may name.
 bool is_cache_namespace(const std::string& ns);
+
+// The name of a prompt-cache block in KV events (runtime/kv_events.h): XXH3-64 of its tokens, seeded
+// with its parent block's hash, or for a prompt's first block with a digest of the namespace. It
+// depends on nothing but the tokens before and in the block and the namespace, so every process of
+// the same model names the same prefix alike, and salted tenants' blocks never share a name.
+uint64_t cache_block_hash(const uint64_t* parent, const std::string& ns, const int32_t* tokens, size_t count);
 
 }  // namespace dsv41

@@ -17,6 +17,7 @@
 #include "io/layer_roles.h"
 #include "model/dspark.h"
 #include "model/model.h"
+#include "runtime/kv_events.h"
 #include "runtime/prefill_peer.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
@@ -97,6 +98,7 @@ struct Engine::Impl {
   std::deque<std::unique_ptr<Request>> queue;
   std::vector<uint64_t> cancels;
   EngineMetrics stats;  // under mu; the scheduler refreshes the gauges after every step
+  std::atomic<uint64_t> kv_event_batches{0};  // the cache's listener may run under mu: counted apart
   std::chrono::steady_clock::time_point step_began{};  // under mu: the running step's start; {} between steps
   std::thread scheduler;
 
@@ -170,6 +172,14 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
   m.cache = std::make_unique<PrefixCache>(*m.model, *m.pools, options.cache_mode, cache_ram_bytes,
                                           options.prompt_cache_dir, IndexKeysMode::Owner,
                                           DiskTierOptions{options.prompt_cache_disk_bytes, m.log});
+  if (options.kv_events) {
+    // one batch per change, handed over as it happens: by the time a request's answer leaves, the
+    // events of the prefix it stored are with the publisher
+    m.cache->on_events([&m, sink = options.kv_events](KvCacheEvent e) {
+      sink->publish({std::move(e)});
+      m.kv_event_batches.fetch_add(1, std::memory_order_relaxed);
+    });
+  }
   m.stats.kv_budget_bytes = options.kv_budget_bytes;
   m.stats.prompt_cache_disk_files = m.cache->disk_stats().files;  // what the folder held at start
   m.stats.prompt_cache_disk_bytes = m.cache->disk_stats().bytes;
@@ -273,6 +283,8 @@ EngineMetrics Engine::metrics() const {
       m.step_running_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - impl_->step_began).count();
     }
   }
+  m.kv_event_batches = impl_->kv_event_batches.load(std::memory_order_relaxed);
+  if (impl_->opt.kv_events) m.kv_event_batches_dropped = impl_->opt.kv_events->dropped();
   if (const ExpertCache* cache = impl_->model->expert_cache()) {
     const ExpertCacheStats st = cache->stats();
     m.expert_cache_capacity_bytes = st.capacity_bytes;

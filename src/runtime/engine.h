@@ -28,6 +28,7 @@ class Backend;  // kernels/backend.h: what the model's math runs on
 class Model;    // model/model.h: the loaded weights and the forward pass
 class ExpertPeers;  // model/expert_peers.h: the other ranks of an expert-parallel job
 class PrefillPeer;  // runtime/prefill_peer.h: a prefill server (serve --role decode)
+class KvEventSink;  // runtime/kv_events.h: a publisher of the prompt cache's KV events
 
 struct EngineOptions {
   std::string model_dir;
@@ -56,6 +57,8 @@ struct EngineOptions {
   // is logged and the prompt prefilled here: the request never sees it. Null: prefill here.
   std::shared_ptr<PrefillPeer> prefill_peer;
   CacheMode handover = CacheMode::Exact;
+  // Where the prompt cache's RAM-tier changes go as KV events (serve --kv-events); null: nowhere.
+  std::shared_ptr<KvEventSink> kv_events;
   // Speculative decoding for requests that do not choose (RequestParams::speculative), and its draft
   // length (0: adaptive, from DSpark's confidence head). DSpark needs a model with mtp.* blocks.
   SpeculativeMethod speculative = SpeculativeMethod::Off;
@@ -165,6 +168,8 @@ struct EngineMetrics {
   // Prefill/decode handovers (a decode server's): prompts prefilled by the peer, their tokens and the
   // bytes received for them, and the handovers that failed or were refused (prefilled here instead).
   uint64_t handovers = 0, handover_tokens = 0, handover_bytes = 0, handover_fallbacks = 0;
+  // KV events (EngineOptions::kv_events): batches handed to the publisher, and those it gave up.
+  uint64_t kv_event_batches = 0, kv_event_batches_dropped = 0;
 };
 
 class Engine {

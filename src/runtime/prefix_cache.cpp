@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "io/cache_namespace.h"
 #include "state/disk_cache.h"
 #include "state/sequence_sections.h"
 #include "state/sequence_snapshot.h"
@@ -22,12 +23,25 @@ PrefixCache::PrefixCache(const Model& model, StatePools& pools, CacheMode mode, 
   }
 }
 
-PrefixCache::~PrefixCache() { clear_ram(); }
+PrefixCache::~PrefixCache() { forget_all_blocks(); }
 
-void PrefixCache::clear_ram() {
+void PrefixCache::forget_all_blocks() {
   for (auto& [id, block] : blocks_) release(block);
   blocks_.clear();
   tree_.clear();
+}
+
+void PrefixCache::clear_ram() {
+  const bool held = !blocks_.empty();
+  forget_all_blocks();
+  if (held && events_) events_({KvCacheEvent::Kind::AllBlocksCleared, {}, std::nullopt, {}});
+}
+
+std::vector<uint64_t> PrefixCache::block_hashes() const {
+  std::vector<uint64_t> out;
+  out.reserve(blocks_.size());
+  for (const auto& [id, block] : blocks_) out.push_back(block.hash);
+  return out;
 }
 
 void PrefixCache::release(Block& b) {
@@ -253,6 +267,12 @@ uint64_t PrefixCache::store(const std::vector<int32_t>& tokens, const SequenceSt
   const int64_t blocks = n / kTokensPerPage;
   std::shared_ptr<const ShortState> snap =
       mode_ == CacheMode::Exact ? std::make_shared<const ShortState>(ShortState::of(st)) : nullptr;
+  std::vector<uint64_t> hashes(static_cast<size_t>(blocks));
+  for (int64_t k = 0; k < blocks; ++k) {
+    hashes[k] = cache_block_hash(k > 0 ? &hashes[k - 1] : nullptr, cache_namespace, tokens.data() + k * kTokensPerPage,
+                                 static_cast<size_t>(kTokensPerPage));
+  }
+  int64_t first_new = -1;  // the tree makes a prompt's new blocks at the end of its chain, in order
   tree_.insert(
       tokens, blocks,
       [&](int64_t k) {
@@ -270,16 +290,28 @@ uint64_t PrefixCache::store(const std::vector<int32_t>& tokens, const SequenceSt
           b.snapshot = snap;
           b.bytes += snap->bytes();
         }
+        b.hash = hashes[k];
+        if (first_new < 0) first_new = k;
         const PrefixTree::EntryId id = next_entry_++;
         blocks_.emplace(id, std::move(b));
         return id;
       },
       [&](PrefixTree::EntryId id) { return blocks_.at(id).bytes; }, cache_namespace);
   tree_.touch(tree_.match(tokens, cache_namespace), ++clock_);
+  if (events_ && first_new >= 0) {
+    KvCacheEvent e;
+    e.block_hashes.assign(hashes.begin() + first_new, hashes.end());
+    if (first_new > 0) e.parent_block_hash = hashes[first_new - 1];
+    e.token_ids.assign(tokens.begin() + first_new * kTokensPerPage, tokens.end());
+    events_(std::move(e));
+  }
+  KvCacheEvent removed{KvCacheEvent::Kind::BlockRemoved, {}, std::nullopt, {}};
   for (PrefixTree::EntryId id : tree_.evict_until(ram_budget_, [](PrefixTree::EntryId) { return true; })) {
+    removed.block_hashes.push_back(blocks_.at(id).hash);
     release(blocks_.at(id));
     blocks_.erase(id);
   }
+  if (events_ && !removed.block_hashes.empty()) events_(std::move(removed));
   if (!disk_) return 0;
 
   CacheEntry entry = export_state(model_, tokens, st, mode_);

@@ -25,6 +25,7 @@
 
 #include "model/model.h"
 #include "runtime/cache_mode.h"
+#include "runtime/kv_events.h"
 #include "runtime/prompt_images.h"
 #include "state/cache_folder.h"
 #include "state/prefix_tree.h"
@@ -88,6 +89,12 @@ class PrefixCache {
   // when the write failed, which is counted and logged but never thrown (the request goes on uncached).
   uint64_t store(const std::vector<int32_t>& tokens, const SequenceState& state, const std::string& cache_namespace = {});
 
+  // Every change to the RAM tier's blocks from here on, as KV events (runtime/kv_events.h), on the
+  // calling thread: blocks stored, evicted, or all cleared. Null: none.
+  void on_events(std::function<void(KvCacheEvent)> listener) { events_ = std::move(listener); }
+  // The RAM tier's blocks by their event hashes, for a check against what the events said.
+  std::vector<uint64_t> block_hashes() const;
+
   uint64_t ram_bytes() const { return tree_.bytes(); }
   uint64_t pages_held() const { return blocks_.size() * sources_.size() * 2; }  // a main and a key page per source
   size_t ram_blocks() const { return blocks_.size(); }
@@ -99,8 +106,10 @@ class PrefixCache {
     std::vector<int32_t> main_pages, key_pages;  // one page per KV source, in source order
     std::shared_ptr<const ShortState> snapshot;  // exact mode: the short-lived state at this block's end
     size_t bytes = 0;
+    uint64_t hash = 0;  // its name in KV events
   };
   void release(Block& block);
+  void forget_all_blocks();
   void replay(const std::vector<int32_t>& prompt, int64_t boundary, SequenceState& state, int64_t tail_start,
               CacheHit& hit, const PromptImages* images) const;
   bool restore_from_disk(const std::vector<int32_t>& prompt, int64_t better_than, SequenceState& state, int64_t tail_start,
@@ -124,6 +133,7 @@ class PrefixCache {
   std::unordered_map<PrefixTree::EntryId, Block> blocks_;
   PrefixTree::EntryId next_entry_ = 0;
   uint64_t clock_ = 0;
+  std::function<void(KvCacheEvent)> events_;
 };
 
 // The state after `tokens` (st.length == tokens.size(), whole blocks) as a prompt-cache entry of

@@ -87,6 +87,8 @@ std::string render_metrics(const EngineMetrics& m, const HttpCounters& h) {
   metric(out, "dsv41_handover_tokens_total", "counter", "Prompt tokens whose state came from the prefill server.", m.handover_tokens);
   metric(out, "dsv41_handover_bytes_total", "counter", "Bytes of state received from the prefill server.", m.handover_bytes);
   metric(out, "dsv41_handover_fallbacks_total", "counter", "Handovers that failed or were refused (prefilled here instead).", m.handover_fallbacks);
+  metric(out, "dsv41_kv_event_batches_total", "counter", "KV event batches handed to the publisher (serve --kv-events).", m.kv_event_batches);
+  metric(out, "dsv41_kv_event_batches_dropped_total", "counter", "KV event batches the publisher gave up (its queue was full).", m.kv_event_batches_dropped);
   metric(out, "dsv41_decode_forwards_total", "counter", "Batched decode forwards (plain and speculative sequences together).", m.decode_forwards_total);
   // speculative decoding, under vLLM's names
   metric(out, "vllm:spec_decode_num_drafts_total", "counter", "Speculative verifications run.", m.spec_verify_steps);

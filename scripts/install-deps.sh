@@ -13,6 +13,7 @@ packages=(
   libpng-dev libjpeg-dev                           # decoding image inputs (src/image: PNG, JPEG)
   openmpi-bin libopenmpi-dev                       # the expert-parallel job (mpirun ... --expert-parallel)
   libucx-dev                                       # the prefill/decode handover (serve --role)
+  libzmq3-dev cppzmq-dev libmsgpack-cxx-dev        # KV events for cache-aware routers (serve --kv-events)
   clang libclang-rt-dev                            # libFuzzer for the parser fuzz targets
   python3 python3-numpy                            # the NumPy RNG the Engram constants must match
 )

@@ -164,6 +164,59 @@ TEST(PrefixCacheRam, PagesReturnToBaselineAfterManyRequestsAndEvictions) {
   EXPECT_EQ(pools.pages_in_use(), 0u);
 }
 
+// The RAM tier's KV events: a prompt's new blocks as one chain under the block it follows, the
+// evicted ones, and a clear; the hashes name the tokens before and in a block and the namespace.
+TEST(PrefixCacheRam, EventsFollowEveryBlockStoredEvictedAndCleared) {
+  const Model& m = tiny();
+  StatePools pools(m.config(), m.roles(), m.backend().allocator());
+  PrefixCache cache(m, pools, CacheMode::Replay, 40 << 10, "");  // a few blocks: stores evict
+  std::vector<KvCacheEvent> events;
+  cache.on_events([&](KvCacheEvent e) { events.push_back(std::move(e)); });
+  std::set<uint64_t> held;
+  const auto follow = [&] {
+    for (const KvCacheEvent& e : events) {
+      if (e.kind == KvCacheEvent::Kind::AllBlocksCleared) held.clear();
+      for (uint64_t h : e.block_hashes) {
+        if (e.kind == KvCacheEvent::Kind::BlockStored) {
+          EXPECT_TRUE(held.insert(h).second);
+        } else {
+          EXPECT_EQ(held.erase(h), 1u);
+        }
+      }
+    }
+    events.clear();
+    const std::vector<uint64_t> mine = cache.block_hashes();
+    EXPECT_EQ(held, std::set<uint64_t>(mine.begin(), mine.end()));
+  };
+  const std::vector<int32_t> stem = ids(130, 91);
+  run(m, pools, &cache, stem);  // two blocks
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_FALSE(events[0].parent_block_hash.has_value());
+  EXPECT_EQ(events[0].token_ids, std::vector<int32_t>(stem.begin(), stem.begin() + 128));
+  const uint64_t first = events[0].block_hashes[0], second = events[0].block_hashes[1];
+  follow();
+  run(m, pools, &cache, concat(std::vector<int32_t>(stem.begin(), stem.begin() + 128), ids(70, 92)));  // a third
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events[0].parent_block_hash, second);
+  EXPECT_EQ(events[0].block_hashes.size(), 1u);
+  follow();
+  SessionOptions salted;
+  salted.cache_namespace = cache_namespace_of_salt("t");
+  run(m, pools, &cache, stem, nullptr, salted);
+  ASSERT_FALSE(events.empty());
+  EXPECT_NE(events[0].block_hashes[0], first) << "a salted prompt's blocks have names of their own";
+  follow();
+  for (uint32_t r = 0; r < 6; ++r) {
+    run(m, pools, &cache, ids(200, 93 + r));
+    follow();
+  }
+  cache.clear_ram();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, KvCacheEvent::Kind::AllBlocksCleared);
+  follow();
+  EXPECT_TRUE(held.empty());
+}
+
 // The disk tier inside one process: the folder's index, its byte budget, and files gone bad.
 class PrefixCacheDiskTier : public ::testing::Test {
  protected:

@@ -746,6 +746,7 @@ void Engine::Impl::loop() {
     stats.requests_running = running.size();
     stats.kv_pages_in_use = pools->pages_in_use();
     stats.cache_pages_in_use = cache->pages_held();
+    stats.prompt_cache_ram_blocks = cache->ram_blocks();
     stats.kv_bytes_in_use = pools->bytes_in_use();
     const CacheFolder::Stats disk = cache->disk_stats();
     stats.prompt_cache_disk_files = disk.files;

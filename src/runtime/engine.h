@@ -150,6 +150,7 @@ struct EngineMetrics {
   uint64_t decode_forwards_total = 0;  // batched decode forwards: every ready sequence's rows in one
   uint64_t kv_pages_in_use = 0;
   uint64_t cache_pages_in_use = 0;  // of those, held by the prefix cache for later requests
+  uint64_t prompt_cache_ram_blocks = 0;  // the 64-token blocks the prefix cache's RAM tier holds
   uint64_t kv_bytes_in_use = 0, kv_budget_bytes = 0;
   // The prompt-cache folder (all 0 without one): what it indexes now, files removed to keep its
   // budget or to make room on a full disk, stores that did not reach the disk (their requests went on

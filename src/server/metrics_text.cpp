@@ -71,6 +71,7 @@ std::string render_metrics(const EngineMetrics& m, const HttpCounters& h) {
   metric(out, "dsv41_batch_size", "gauge", "Sequences in the last scheduler step.", m.last_batch_size);
   metric(out, "dsv41_kv_pages_in_use", "gauge", "KV pages allocated (running sequences and the prefix cache).", m.kv_pages_in_use);
   metric(out, "dsv41_prefix_cache_pages", "gauge", "KV pages the prefix cache holds (part of kv_pages_in_use).", m.cache_pages_in_use);
+  metric(out, "dsv41_prefix_cache_blocks", "gauge", "64-token blocks the prefix cache holds in RAM (what KV events report).", m.prompt_cache_ram_blocks);
   metric(out, "dsv41_prompt_cache_disk_files", "gauge", "Entries in the prompt-cache folder.", m.prompt_cache_disk_files);
   metric(out, "dsv41_prompt_cache_disk_bytes", "gauge", "Bytes of the prompt-cache folder's entries.", m.prompt_cache_disk_bytes);
   metric(out, "dsv41_prompt_cache_evictions_total", "counter", "Prompt-cache files removed to stay within the disk budget or to make room on a full disk.", m.prompt_cache_evictions);

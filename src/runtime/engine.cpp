@@ -18,6 +18,8 @@
 #include "model/dspark.h"
 #include "model/model.h"
 #include "runtime/kv_events.h"
+#include "text/grammar_mask.h"
+#include "text/json_grammar.h"
 #include "runtime/prefill_peer.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
@@ -78,6 +80,10 @@ struct Engine::Impl {
     bool handover_asked = false;
     std::vector<int64_t> image_starts;  // where params.images' spans start in the expanded prompt
     std::shared_ptr<const std::vector<uint8_t>> exported;  // export_state: for the final event
+    std::unique_ptr<GrammarMatcher> grammar;  // structured outputs: where the output is in its grammar
+    bool constrained = false;                 // the grammar holds from here on (after grammar_after)
+    std::vector<uint64_t> allowed;            // the tokens it allows next, and the logits cut to them
+    std::vector<float> masked;
     std::chrono::steady_clock::time_point submitted, admitted;
   };
 
@@ -88,6 +94,7 @@ struct Engine::Impl {
   std::unique_ptr<StatePools> pools;
   std::unique_ptr<PrefixCache> cache;
   std::unique_ptr<Drafter> drafter;  // null: the model has no DSpark blocks
+  std::unique_ptr<GrammarVocabulary> grammar_vocab;  // made by the first constrained request
   double bytes_per_token = 0;
 
   mutable std::mutex mu;
@@ -121,6 +128,7 @@ struct Engine::Impl {
   bool advance(Request& r);
   bool emit(Request& r, int32_t token, const float* logits);
   void sample_and_emit(Request& r, const std::vector<float>& logits, int64_t vocab);
+  void follow_grammar(Request& r, int32_t token);
   void start(Request& r, const CacheEntry* handed = nullptr);
   bool await_handover(Request& r);
   void export_prompt_state(Request& r);
@@ -246,6 +254,9 @@ uint64_t Engine::submit(RequestParams params, EventSink sink) {
   }
   if (static_cast<double>(total + kTokensPerPage) * m.bytes_per_token > static_cast<double>(m.opt.kv_budget_bytes)) {
     fail("max_tokens", "the request needs more KV memory than the server's whole budget");
+  }
+  if (params.grammar && !params.forced_output.empty()) {
+    fail("structured outputs", "cannot be combined with forced output");
   }
   if (params.export_state && (params.max_tokens != 0 || params.prompt.size() % kTokensPerPage != 0)) {
     fail("export_state", "needs max_tokens 0 and a prompt of whole " + std::to_string(kTokensPerPage) + "-token blocks");
@@ -472,7 +483,13 @@ void Engine::Impl::start(Request& r, const CacheEntry* handed) {
   r.sampler = std::make_unique<Sampler>(p.sampling);
   r.decoder = std::make_unique<StreamDecoder>(*tokenizer);
   const SpeculativeMethod method = p.speculative.value_or(opt.speculative);
-  if (method == SpeculativeMethod::DSpark && drafter && p.forced_output.empty()) {
+  if (p.grammar) {
+    if (!grammar_vocab) grammar_vocab = std::make_unique<GrammarVocabulary>(*tokenizer, model->config().vocab_size);
+    r.grammar = std::make_unique<GrammarMatcher>(p.grammar);
+    r.constrained = p.grammar_after < 0;
+  }
+  // a constrained request decodes plainly: drafts would need the grammar at every drafted position
+  if (method == SpeculativeMethod::DSpark && drafter && p.forced_output.empty() && !p.grammar) {
     attach_drafter(*r.session, *drafter);  // before the prompt: the drafter's rings follow it
     SpeculativeOptions spo;
     spo.fixed_length = p.draft_length >= 0 ? p.draft_length : opt.draft_length;
@@ -673,11 +690,45 @@ void Engine::Impl::step() {
 }
 
 void Engine::Impl::sample_and_emit(Request& r, const std::vector<float>& logits, int64_t V) {
-  const int32_t sampled = r.sampler->sample(logits.data(), V);
+  const float* row = logits.data();
+  if (r.grammar && r.constrained) {
+    // the end may come once the value is whole (unless the request ignores it: then only more value)
+    const int32_t end = r.params.ignore_eos ? -1 : static_cast<int32_t>(model->config().eos_token_id);
+    grammar_vocab->allowed(*r.grammar, end, r.allowed);
+    if (std::all_of(r.allowed.begin(), r.allowed.end(), [](uint64_t w) { return w == 0; })) {
+      finish(r, "error", "no token of the vocabulary continues the output's grammar here");
+      return;
+    }
+    r.masked.assign(logits.begin(), logits.end());
+    for (int64_t i = 0; i < V; ++i) {
+      if (!(r.allowed[static_cast<size_t>(i) >> 6] >> (i & 63) & 1)) r.masked[static_cast<size_t>(i)] = -INFINITY;
+    }
+    row = r.masked.data();
+  }
+  const int32_t sampled = r.sampler->sample(row, V);
   const int32_t token = r.generated < static_cast<int64_t>(r.params.forced_output.size())
                             ? r.params.forced_output[static_cast<size_t>(r.generated)]
                             : sampled;
-  emit(r, token, logits.data());
+  if (emit(r, token, logits.data())) follow_grammar(r, token);
+}
+
+// A constrained request after its token: the grammar starts at grammar_after, follows every token
+// after it, and ends the request when the value is whole.
+void Engine::Impl::follow_grammar(Request& r, int32_t token) {
+  if (!r.grammar) return;
+  if (!r.constrained) {
+    r.constrained = token == r.params.grammar_after;
+    return;
+  }
+  if (!r.grammar->feed(grammar_vocab->bytes(token))) {
+    // not a token the mask allowed: only a grammar whose every continuation the vocabulary lacks
+    finish(r, "error", "the output left its grammar");
+    return;
+  }
+  if (r.grammar->finished()) {
+    r.held += r.decoder->flush();
+    finish(r, "stop");
+  }
 }
 
 void Engine::Impl::loop() {

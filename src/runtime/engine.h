@@ -29,6 +29,7 @@ class Model;    // model/model.h: the loaded weights and the forward pass
 class ExpertPeers;  // model/expert_peers.h: the other ranks of an expert-parallel job
 class PrefillPeer;  // runtime/prefill_peer.h: a prefill server (serve --role decode)
 class KvEventSink;  // runtime/kv_events.h: a publisher of the prompt cache's KV events
+struct Grammar;     // text/json_grammar.h: what a constrained output must be
 
 struct EngineOptions {
   std::string model_dir;
@@ -103,6 +104,12 @@ struct RequestParams {
   // The prompt cache's namespace (io/cache_namespace.h): "" or the digest of the request's
   // cache_salt. Prefixes are found and kept only among requests of the same namespace.
   std::string cache_namespace;
+  // Structured outputs: each token sampled after `grammar_after` (a token id, e.g. the end of
+  // reasoning; -1: from the first) is one the grammar allows (text/grammar_mask.h), and the request
+  // ends ("stop") when the value is whole. Such a request does not speculate, and cannot be combined
+  // with forced_output. Null: a free output.
+  std::shared_ptr<const Grammar> grammar;
+  int32_t grammar_after = -1;
 };
 
 // What a finished request did, on its final event.

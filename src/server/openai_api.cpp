@@ -8,6 +8,7 @@
 
 #include "io/cache_namespace.h"
 #include "server/access_policy.h"
+#include "text/json_grammar.h"
 #include "server/chat_fields.h"
 #include "server/json_body.h"
 #include "server/json_fields.h"
@@ -203,6 +204,78 @@ void parse_completion(const ojson& body, const ModelInfo& model, ApiRequest& req
   }
 }
 
+// A schema as the grammar compiler reads it; a 400 naming `param` and the schema's keyword otherwise.
+std::shared_ptr<const Grammar> schema_grammar(const ojson& schema, const std::string& param) {
+  if (!schema.is_object() && !schema.is_boolean()) throw invalid_request(param, param + " must be a JSON Schema object");
+  try {
+    return json_schema_grammar(nlohmann::json::parse(schema.dump()));
+  } catch (const Error& e) {
+    throw invalid_request(param, std::string("the schema is not supported: ") + e.what());
+  }
+}
+
+// Structured outputs: the chat route's response_format (json_object, json_schema), and vLLM's
+// structured_outputs on both routes (json, json_object, choice; regex, grammar and structural_tag
+// are refused). When the output begins in reasoning, the grammar holds from its end ("</think>").
+void parse_structured_outputs(const ojson& body, const ModelInfo& model, ApiRequest& req) {
+  std::shared_ptr<const Grammar> grammar;
+  std::string from;
+  if (const ojson* rf = field(body, "response_format"); rf != nullptr && req.endpoint == Endpoint::ChatCompletions) {
+    const std::string type = rf->is_object() && (*rf)["type"].is_string() ? (*rf)["type"].get<std::string>() : "";
+    if (type == "json_object") {
+      grammar = json_object_grammar();
+    } else if (type == "json_schema") {
+      const ojson* spec = field(*rf, "json_schema");
+      if (spec == nullptr || !spec->is_object()) {
+        throw invalid_request("response_format.json_schema", "response_format.json_schema must be an object");
+      }
+      const ojson* schema = field(*spec, "schema");
+      if (schema == nullptr) throw invalid_request("response_format.json_schema.schema", "response_format.json_schema.schema is required");
+      grammar = schema_grammar(*schema, "response_format.json_schema.schema");
+    }
+    from = "response_format";
+  }
+  if (const ojson* so = field(body, "structured_outputs")) {
+    if (!so->is_object()) throw invalid_request("structured_outputs", "structured_outputs must be an object, got " + kind(*so));
+    for (const auto& [key, value] : so->items()) {
+      const std::string param = "structured_outputs." + key;
+      if (grammar) throw invalid_request(param, param + " and " + from + " cannot both constrain the output");
+      if (key == "json") {
+        ojson schema = value;
+        if (value.is_string()) {  // vLLM takes the schema as JSON text too
+          schema = ojson::parse(value.get<std::string>(), nullptr, false);
+          if (schema.is_discarded()) throw invalid_request(param, param + " is not JSON");
+        }
+        grammar = schema_grammar(schema, param);
+      } else if (key == "json_object") {
+        if (!value.is_boolean()) throw invalid_request(param, param + " must be a boolean");
+        if (!value.get<bool>()) continue;
+        grammar = json_object_grammar();
+      } else if (key == "choice") {
+        if (!value.is_array()) throw invalid_request(param, param + " must be an array of strings");
+        std::vector<std::string> choices;
+        for (const ojson& c : value) {
+          if (!c.is_string()) throw invalid_request(param, param + " must hold strings, got " + kind(c));
+          choices.push_back(c.get<std::string>());
+        }
+        try {
+          grammar = choice_grammar(choices);
+        } catch (const Error& e) {
+          throw invalid_request(param, e.what());
+        }
+      } else if (key == "regex" || key == "grammar" || key == "structural_tag") {
+        throw invalid_request(param, param + " is not supported (json, json_object and choice are)");
+      } else {
+        throw invalid_request(param, param + " is not a structured_outputs field (json, json_object, choice)");
+      }
+      from = param;
+    }
+  }
+  if (!grammar) return;
+  req.params.grammar = std::move(grammar);
+  if (req.thinking) req.params.grammar_after = model.tokenizer->token_id("</think>").value_or(-1);
+}
+
 void parse_max_tokens(const ojson& body, const ModelInfo& model, ApiRequest& req) {
   const int64_t prompt = static_cast<int64_t>(req.params.prompt.size());
   const char* key = field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
@@ -308,6 +381,7 @@ ApiRequest parse_request_json(Endpoint endpoint, const ojson& body, const ModelI
   } else {
     parse_completion(body, model, req);
   }
+  parse_structured_outputs(body, model, req);
   parse_max_tokens(body, model, req);
   parse_sequence_options(body, model, req);
   return req;

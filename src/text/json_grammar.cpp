@@ -12,7 +12,6 @@ namespace {
 using json = nlohmann::json;
 using Kind = GrammarNode::Kind;
 
-constexpr int kMaxNumberBytes = 64;  // a number longer than this is refused: no endless digits
 constexpr size_t kMaxStacks = 64;    // parse stacks at once; more (a pathological anyOf) refuse the byte
 constexpr size_t kMaxProperties = 64;
 
@@ -231,6 +230,7 @@ std::shared_ptr<const Grammar> choice_grammar(const std::vector<std::string>& ch
   n.literals.erase(std::unique(n.literals.begin(), n.literals.end()), n.literals.end());
   auto g = std::make_shared<Grammar>();
   g->nodes.push_back(std::move(n));
+  g->json = false;
   return g;
 }
 
@@ -301,7 +301,7 @@ void GrammarMatcher::advance(Stack stack, uint8_t b, std::vector<Stack>& out) co
       return;
 
     case Frame::Kind::Value: {
-      if (is_whitespace(b)) {
+      if (is_whitespace(b) && grammar_->json) {
         out.push_back(std::move(stack));
         return;
       }
@@ -520,7 +520,17 @@ bool GrammarMatcher::feed(uint8_t byte) {
   const bool structural = std::none_of(stacks_.begin(), stacks_.end(), [](const Stack& s) {
     return s.back().kind == Frame::Kind::String;
   });
-  if (structural && is_whitespace(byte) && whitespace_run_ >= kMaxWhitespaceRun) return false;
+  if (structural && is_whitespace(byte)) {
+    size_t depth = 0;  // the containers open (the deepest stack's)
+    for (const Stack& s : stacks_) {
+      depth = std::max<size_t>(depth, std::count_if(s.begin(), s.end(), [](const Frame& f) {
+        return f.kind == Frame::Kind::Object || f.kind == Frame::Kind::Array;
+      }));
+    }
+    if (whitespace_run_ >= kIndentPerLevel * static_cast<int>(depth) + 2 || byte == '\r') return false;
+    if (byte == '\n' && whitespace_newline_) return false;
+    if (byte == '\t' && !whitespace_newline_) return false;  // tabs only indent a new line
+  }
   scratch_.clear();
   for (const Stack& s : stacks_) advance(s, byte, scratch_);
   if (scratch_.empty()) return false;
@@ -535,7 +545,9 @@ bool GrammarMatcher::feed(uint8_t byte) {
   scratch_.erase(std::unique(scratch_.begin(), scratch_.end()), scratch_.end());
   if (scratch_.size() > kMaxStacks) return false;
   stacks_.swap(scratch_);
-  whitespace_run_ = structural && is_whitespace(byte) ? whitespace_run_ + 1 : 0;
+  const bool space = structural && is_whitespace(byte);
+  whitespace_run_ = space ? whitespace_run_ + 1 : 0;
+  whitespace_newline_ = space && (whitespace_newline_ || byte == '\n');
   return true;
 }
 

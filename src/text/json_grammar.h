@@ -12,8 +12,10 @@
 // A GrammarMatcher follows the output byte by byte. It is a set of parse stacks (an `anyOf` or an
 // enum with a value that is a prefix of another forks one), each a stack of frames (an object being
 // read, an array, a string, a number, a literal); it never backtracks, so feeding a byte costs a few
-// frame operations. JSON whitespace is allowed between tokens, at most kMaxWhitespaceRun bytes in a
-// row, so a model cannot pad forever; nothing may follow the value.
+// frame operations. Whitespace between JSON tokens is what a pretty-printer writes: spaces, or one
+// newline and an indent, at most kIndentPerLevel bytes per level of nesting and 2 more (no carriage
+// return, no blank lines, tabs only to indent), so a weak model cannot spend its tokens padding;
+// nothing may follow the value, and a number has at most kMaxNumberBytes.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +27,8 @@
 
 namespace dsv41 {
 
-constexpr int kMaxWhitespaceRun = 16;
+constexpr int kIndentPerLevel = 4;
+constexpr int kMaxNumberBytes = 32;
 constexpr int kMaxGrammarDepth = 64;  // nesting of a schema, and of the JSON a matcher reads
 
 struct GrammarNode {
@@ -51,6 +54,7 @@ struct GrammarNode {
 struct Grammar {
   std::vector<GrammarNode> nodes;
   int root = 0;
+  bool json = true;  // false: raw text (a choice), with no whitespace around it
 };
 
 // Any JSON object (its values any JSON).
@@ -111,7 +115,8 @@ class GrammarMatcher {
 
   std::shared_ptr<const Grammar> grammar_;
   std::vector<Stack> stacks_, scratch_;
-  int whitespace_run_ = 0;
+  int whitespace_run_ = 0;        // whitespace bytes since the last other byte (outside strings)
+  bool whitespace_newline_ = false;  // one of them was a newline
 };
 
 }  // namespace dsv41

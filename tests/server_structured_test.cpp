@@ -172,6 +172,34 @@ TEST(StructuredOutputs, JsonObjectChoiceCompletionsResponsesAndStreams) {
   for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(v->valid[i]) << i << ": " << v->errors[i];
 }
 
+// DSpark under a grammar: each draft is verified against the masked target, so greedy answers are
+// the plain constrained run's token for token, and sampled ones validate.
+TEST(StructuredOutputs, DSparkDraftsAreVerifiedAgainstTheGrammar) {
+  LiveServer& s = brown_server();
+  const uint64_t verified_before = s.engine().metrics().spec_verify_steps;
+  for (const char* prompt : {"Answer in JSON.", "List the orders.", "What did they buy?", "Reply as data."}) {
+    json body = with_schema(chat(1, 300), kOrders);
+    body["messages"][0]["content"] = prompt;
+    body["temperature"] = 0;
+    body["speculative"] = "off";
+    const std::string plain = content(post(s.port(), "/v1/chat/completions", body));
+    body["speculative"] = "dspark";
+    EXPECT_EQ(content(post(s.port(), "/v1/chat/completions", body)), plain) << prompt;
+  }
+  EXPECT_GT(s.engine().metrics().spec_verify_steps, verified_before) << "no draft was verified";
+  std::vector<std::future<Reply>> sampled;
+  for (int seed = 1; seed <= 8; ++seed) {
+    json body = with_schema(chat(seed, 400), kOrders);
+    body["speculative"] = "dspark";
+    sampled.push_back(std::async(std::launch::async, [&, body] { return post(s.port(), "/v1/chat/completions", body); }));
+  }
+  std::vector<std::string> outputs;
+  for (auto& f : sampled) outputs.push_back(content(f.get()));
+  const std::optional<Verdicts> v = ajv(kOrders, outputs);
+  if (!v) GTEST_SKIP() << "node and ajv are not installed (npm ci in tests/npm)";
+  for (size_t i = 0; i < outputs.size(); ++i) EXPECT_TRUE(v->valid[i]) << outputs[i] << "\n" << v->errors[i];
+}
+
 TEST(StructuredOutputs, WhatTheSubsetDoesNotCoverIsA400NamingIt) {
   LiveServer& s = brown_server();
   for (const auto& [extra, param, words] : std::vector<std::tuple<json, std::string, std::string>>{

@@ -12,6 +12,7 @@
 #include <future>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <thread>
 
 #include "io/layer_roles.h"
@@ -82,8 +83,7 @@ struct Engine::Impl {
     std::shared_ptr<const std::vector<uint8_t>> exported;  // export_state: for the final event
     std::unique_ptr<GrammarMatcher> grammar;  // structured outputs: where the output is in its grammar
     bool constrained = false;                 // the grammar holds from here on (after grammar_after)
-    std::vector<uint64_t> allowed;            // the tokens it allows next, and the logits cut to them
-    std::vector<float> masked;
+    std::vector<float> masked;                // the logits cut to the tokens it allows next
     std::chrono::steady_clock::time_point submitted, admitted;
   };
 
@@ -129,6 +129,7 @@ struct Engine::Impl {
   bool emit(Request& r, int32_t token, const float* logits);
   void sample_and_emit(Request& r, const std::vector<float>& logits, int64_t vocab);
   void follow_grammar(Request& r, int32_t token);
+  void mask_to_grammar(const Request& r, const std::vector<int32_t>& ahead, std::vector<float>& row);
   void start(Request& r, const CacheEntry* handed = nullptr);
   bool await_handover(Request& r);
   void export_prompt_state(Request& r);
@@ -488,14 +489,18 @@ void Engine::Impl::start(Request& r, const CacheEntry* handed) {
     r.grammar = std::make_unique<GrammarMatcher>(p.grammar);
     r.constrained = p.grammar_after < 0;
   }
-  // a constrained request decodes plainly: drafts would need the grammar at every drafted position
-  if (method == SpeculativeMethod::DSpark && drafter && p.forced_output.empty() && !p.grammar) {
+  if (method == SpeculativeMethod::DSpark && drafter && p.forced_output.empty()) {
     attach_drafter(*r.session, *drafter);  // before the prompt: the drafter's rings follow it
     SpeculativeOptions spo;
     spo.fixed_length = p.draft_length >= 0 ? p.draft_length : opt.draft_length;
     spo.force_drafts = p.force_drafts;
     spo.guard.enabled = p.acceptance_guard;
     if (learns_from_guard(p)) spo.guard.start_paused = guard_start_pause;
+    if (p.grammar) {
+      spo.constrain = [this, &r](const std::vector<int32_t>& accepted, std::vector<float>& row) {
+        mask_to_grammar(r, accepted, row);
+      };
+    }
     r.spec = std::make_unique<SpeculativeDecoder>(*r.session, *drafter, *r.sampler, spo);
   } else if (p.export_state && drafter) {
     // a prefill server's: the drafter's rings cross with the rest of the state, so a decode server
@@ -682,6 +687,8 @@ void Engine::Impl::step() {
       count_speculation(before[i], r.spec->stats());
       for (size_t k = 0; k < st.tokens.size(); ++k) {
         if (!emit(r, st.tokens[k], &st.rows[k * static_cast<size_t>(V)])) break;
+        follow_grammar(r, st.tokens[k]);
+        if (r.finished) break;
       }
     } catch (const std::exception& e) {
       fail_request(r, e);
@@ -692,16 +699,11 @@ void Engine::Impl::step() {
 void Engine::Impl::sample_and_emit(Request& r, const std::vector<float>& logits, int64_t V) {
   const float* row = logits.data();
   if (r.grammar && r.constrained) {
-    // the end may come once the value is whole (unless the request ignores it: then only more value)
-    const int32_t end = r.params.ignore_eos ? -1 : static_cast<int32_t>(model->config().eos_token_id);
-    grammar_vocab->allowed(*r.grammar, end, r.allowed);
-    if (std::all_of(r.allowed.begin(), r.allowed.end(), [](uint64_t w) { return w == 0; })) {
+    r.masked.assign(logits.begin(), logits.end());
+    mask_to_grammar(r, {}, r.masked);
+    if (std::all_of(r.masked.begin(), r.masked.end(), [](float x) { return std::isinf(x); })) {
       finish(r, "error", "no token of the vocabulary continues the output's grammar here");
       return;
-    }
-    r.masked.assign(logits.begin(), logits.end());
-    for (int64_t i = 0; i < V; ++i) {
-      if (!(r.allowed[static_cast<size_t>(i) >> 6] >> (i & 63) & 1)) r.masked[static_cast<size_t>(i)] = -INFINITY;
     }
     row = r.masked.data();
   }
@@ -710,6 +712,33 @@ void Engine::Impl::sample_and_emit(Request& r, const std::vector<float>& logits,
                             ? r.params.forced_output[static_cast<size_t>(r.generated)]
                             : sampled;
   if (emit(r, token, logits.data())) follow_grammar(r, token);
+}
+
+// Sets the logits of the tokens the request's grammar does not allow after `ahead` (tokens produced
+// but not yet followed: a verification's accepted drafts) to -inf. Nothing is masked before the
+// grammar starts (grammar_after).
+void Engine::Impl::mask_to_grammar(const Request& r, const std::vector<int32_t>& ahead, std::vector<float>& row) {
+  bool on = r.constrained;
+  std::optional<GrammarMatcher> after;
+  for (const int32_t t : ahead) {
+    if (!on) {
+      on = t == r.params.grammar_after;
+      continue;
+    }
+    if (!after) after.emplace(*r.grammar);
+    if (!after->feed(grammar_vocab->bytes(t))) {  // past a token the grammar refuses: nothing is allowed
+      std::fill(row.begin(), row.end(), -INFINITY);
+      return;
+    }
+  }
+  if (!on) return;
+  // the end may come once the value is whole (unless the request ignores it: then only more value)
+  const int32_t end = r.params.ignore_eos ? -1 : static_cast<int32_t>(model->config().eos_token_id);
+  std::vector<uint64_t> allowed;
+  grammar_vocab->allowed(after ? *after : *r.grammar, end, allowed);
+  for (size_t i = 0; i < row.size(); ++i) {
+    if (!(allowed[i >> 6] >> (i & 63) & 1)) row[i] = -INFINITY;
+  }
 }
 
 // A constrained request after its token: the grammar starts at grammar_after, follows every token

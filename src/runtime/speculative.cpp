@@ -164,8 +164,15 @@ SpeculativeDecoder::Step SpeculativeDecoder::finish() {
   const double measured = std::chrono::duration<double>(std::chrono::steady_clock::now() - planned_at_).count();
   const double seconds = options_.step_seconds ? options_.step_seconds(verifying_, measured) : measured;
   Step out;
+  std::vector<float> row;
   if (!verifying_) {  // a plain step: the target's own token
-    out.tokens.push_back(sampler_.sample(r.logits.data(), V));
+    if (options_.constrain) {
+      row = r.logits;
+      options_.constrain({}, row);
+      out.tokens.push_back(sampler_.sample(row.data(), V));
+    } else {
+      out.tokens.push_back(sampler_.sample(r.logits.data(), V));
+    }
     out.rows = r.logits;
     ++stats_.plain_steps;
     guard_.plain_step(seconds);
@@ -174,7 +181,21 @@ SpeculativeDecoder::Step SpeculativeDecoder::finish() {
   }
   const int64_t K = static_cast<int64_t>(proposals_.size());
   std::vector<std::vector<double>> p(static_cast<size_t>(K + 1));
-  for (int64_t j = 0; j <= K; ++j) p[j] = sampler_.distribution(&r.logits[j * V], V);
+  for (int64_t j = 0; j <= K; ++j) {
+    if (!options_.constrain) {
+      p[j] = sampler_.distribution(&r.logits[j * V], V);
+      continue;
+    }
+    row.assign(r.logits.begin() + j * V, r.logits.begin() + (j + 1) * V);
+    options_.constrain(std::vector<int32_t>(proposals_.begin(), proposals_.begin() + j), row);
+    p[j] = sampler_.distribution(row.data(), V);
+    if (j < K && std::isinf(row[static_cast<size_t>(proposals_[j])])) {
+      // the draft leaves the grammar: it is rejected here (its target probability is 0), and no
+      // later position is read
+      for (int64_t k = j + 1; k <= K; ++k) p[k] = p[j];
+      break;
+    }
+  }
   int32_t extra = 0;
   const int64_t a = accept_drafts(p, q_, proposals_, sampler_, extra);
   out.tokens.assign(proposals_.begin(), proposals_.begin() + a);

@@ -87,6 +87,11 @@ struct SpeculativeOptions {
   // Test hook: replaces each step's measured seconds for the acceptance guard (`verification` says
   // which kind of step), so that its decisions follow the test, not how busy the machine is.
   std::function<double(bool verification, double measured)> step_seconds;
+  // Structured outputs: masks a target logits row to the tokens allowed after `accepted` (the tokens
+  // this step has produced before the row's position), setting the others to -inf. The target's
+  // distribution at each verified position is its masked row's, so a draft outside the mask is
+  // rejected, and greedy output is the plain constrained run's token for token.
+  std::function<void(const std::vector<int32_t>& accepted, std::vector<float>& row)> constrain;
 };
 
 struct SpeculativeStats {

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "text/chat_output.h"
 #include "text/grammar_mask.h"
 #include "text/json_grammar.h"
 #include "text/tokenizer.h"
@@ -76,7 +77,7 @@ TEST(JsonGrammar, CompleteFinishedAndFreeStrings) {
   GrammarMatcher o(json_object_grammar());
   EXPECT_FALSE(o.feed('['));  // json_object: an object at the top
   EXPECT_TRUE(o.feed("{\"k"));
-  EXPECT_TRUE(o.in_free_string());
+  EXPECT_EQ(o.free_text(), GrammarMatcher::FreeText::JsonString);
   EXPECT_TRUE(o.feed("\": [1, {\"a\": null}, \"s\", true]}"));
   EXPECT_TRUE(o.finished());
   EXPECT_FALSE(o.feed(' '));
@@ -205,6 +206,108 @@ TEST(GrammarMask, MasksEqualTryingEveryTokenAndWalksWriteJson) {
   }
   std::printf("[ walks ] %d of 12 ended within 200 tokens, all JSON\n", finished);
   EXPECT_GE(finished, 4);
+}
+
+const json kTools = json::parse(R"([
+  {"type": "function", "function": {"name": "read_file", "parameters": {"type": "object", "properties": {
+    "path": {"type": "string"}, "lines": {"type": "integer"}, "mode": {"enum": ["text", "hex"]},
+    "note": {"anyOf": [{"type": "string"}, {"type": "null"}]}}, "required": ["path"]}}},
+  {"type": "function", "function": {"name": "list", "parameters": {"type": "object", "properties": {}}}}])");
+
+// DSML text as the grammar reads it: the marker token as its byte.
+std::string marked(std::string text) {
+  for (size_t at; (at = text.find("｜DSML｜")) != std::string::npos;) text.replace(at, std::string("｜DSML｜").size(), 1, kDsmlMarkerByte);
+  return text;
+}
+
+TEST(ToolCallGrammar, ABlockCallsOfferedToolsWithParametersThatFit) {
+  const auto g = tool_call_grammar(kTools, false);
+  const std::string ok = marked(
+      "\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"read_file\">\n"
+      "<｜DSML｜ parameter name=\"path\" string=\"true\">a \"b\" <c></d>\n</｜DSML｜ parameter>\n"
+      "<｜DSML｜ parameter name=\"lines\" string=\"false\">12</｜DSML｜ parameter>\n"
+      "<｜DSML｜ parameter name=\"mode\" string=\"true\">hex</｜DSML｜ parameter>\n"
+      "<｜DSML｜ parameter name=\"note\" string=\"false\">null</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n"
+      "<｜DSML｜ invoke name=\"list\">\n\n</｜DSML｜ invoke>\n</｜DSML｜ calls>");
+  EXPECT_TRUE(accepts(g, ok));
+  GrammarMatcher whole(g);
+  ASSERT_TRUE(whole.feed(ok));
+  EXPECT_TRUE(whole.finished());
+  const std::string path = marked("\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"read_file\">\n<｜DSML｜ parameter name=\"path\" string=\"true\">x</｜DSML｜ parameter>");
+  const std::string end = marked("\n</｜DSML｜ invoke>\n</｜DSML｜ calls>");
+  EXPECT_TRUE(accepts(g, path + end));
+  for (const std::string& bad : {
+           marked("\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"delete\">\n\n</｜DSML｜ invoke>\n</｜DSML｜ calls>"),  // not offered
+           marked("\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"read_file\">\n\n</｜DSML｜ invoke>\n</｜DSML｜ calls>"),  // path is required
+           path + marked("\n<｜DSML｜ parameter name=\"lines\" string=\"true\">12</｜DSML｜ parameter>") + end,  // an integer is JSON
+           path + marked("\n<｜DSML｜ parameter name=\"lines\" string=\"false\">1.5</｜DSML｜ parameter>") + end,
+           path + marked("\n<｜DSML｜ parameter name=\"mode\" string=\"true\">bin</｜DSML｜ parameter>") + end,  // not in the enum
+           path + marked("\n<｜DSML｜ parameter name=\"path\" string=\"true\">y</｜DSML｜ parameter>") + end,  // twice
+           path + marked("\n<｜DSML｜ parameter name=\"other\" string=\"true\">y</｜DSML｜ parameter>") + end,  // not a parameter
+           marked("\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"read_file\">\n<｜DSML｜ parameter name=\"path\" string=\"true\">a<｜DSML｜ </｜DSML｜ parameter>") + end}) {
+    EXPECT_FALSE(accepts(g, bad)) << bad;
+  }
+  const auto one = tool_call_grammar(kTools, true);  // a named tool_choice: one call
+  EXPECT_TRUE(accepts(one, path + end));
+  EXPECT_FALSE(accepts(one, path + marked("\n</｜DSML｜ invoke>\n<｜DSML｜ invoke name=\"list\">\n\n</｜DSML｜ invoke>\n</｜DSML｜ calls>")));
+  EXPECT_THROW(tool_call_grammar(json::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string", "format": "uri"}}}}}])"), false), Error);
+}
+
+// Walks through the tool-call masks on brown-tiny's vocabulary (which has the ｜DSML｜ token): every
+// step's mask is the brute force's, and what a finished walk wrote parses as tool calls of offered
+// tools whose arguments are JSON objects with the required parameter.
+TEST(ToolCallGrammar, MasksEqualTryingEveryTokenAndWalksParseAsToolCalls) {
+  const Tokenizer tok = Tokenizer::from_file(DSV41_SOURCE_DIR "/models/brown-tiny/tokenizer.json");
+  const std::optional<int32_t> dsml = tok.token_id("｜DSML｜");
+  ASSERT_TRUE(dsml.has_value());
+  const GrammarVocabulary v(tok, tok.vocab_size(), {{*dsml, std::string(1, kDsmlMarkerByte)}});
+  int32_t end = 0;
+  while (end < tok.vocab_size() && (!tok.is_special(end) || end == *dsml)) ++end;
+  const auto g = tool_call_grammar(kTools, false);
+  std::mt19937 rng(11);
+  int finished = 0;
+  for (int walk = 0; walk < 10; ++walk) {
+    GrammarMatcher m(g);
+    std::vector<int32_t> ids;
+    std::vector<uint64_t> mask;
+    for (int step = 0; step < 300 && !m.finished(); ++step) {
+      v.allowed(m, end, mask);
+      if (step % 25 == 0) {
+        ASSERT_EQ(mask, brute_force(v, m, end)) << "step " << step;
+      }
+      std::vector<int32_t> options, short_ones;
+      for (int32_t id = 0; id < v.vocab(); ++id) {
+        if (id != end && mask[static_cast<size_t>(id) >> 6] >> (id & 63) & 1) {
+          options.push_back(id);
+          if (v.bytes(id).size() == 1 || id == *dsml) short_ones.push_back(id);
+        }
+      }
+      ASSERT_FALSE(options.empty());
+      const int32_t id = !short_ones.empty() && rng() % 4 != 0 ? short_ones[rng() % short_ones.size()] : options[rng() % options.size()];
+      ASSERT_TRUE(m.feed(v.bytes(id)));
+      ids.push_back(id);
+    }
+    if (!m.finished()) continue;
+    ++finished;
+    ChatOutputOptions o;
+    o.thinking = false;
+    o.tools = {"read_file", "list"};
+    const ChatOutput out = parse_chat_output(tok.decode(ids), o);
+    ASSERT_FALSE(out.tool_calls.empty()) << tok.decode(ids);
+    EXPECT_TRUE(out.content.empty()) << out.content;
+    for (const ToolCall& call : out.tool_calls) {
+      const json args = json::parse(call.arguments, nullptr, false);
+      ASSERT_TRUE(args.is_object()) << call.arguments;
+      if (call.name == "read_file") {
+        EXPECT_TRUE(args.contains("path") && args["path"].is_string()) << call.arguments;
+      } else {
+        EXPECT_EQ(call.name, "list");
+        EXPECT_TRUE(args.empty()) << call.arguments;
+      }
+    }
+  }
+  std::printf("[ walks ] %d of 10 tool-call blocks finished within 300 tokens, all parsed as calls\n", finished);
+  EXPECT_GE(finished, 3);
 }
 
 }  // namespace

@@ -485,7 +485,11 @@ void Engine::Impl::start(Request& r, const CacheEntry* handed) {
   r.decoder = std::make_unique<StreamDecoder>(*tokenizer);
   const SpeculativeMethod method = p.speculative.value_or(opt.speculative);
   if (p.grammar) {
-    if (!grammar_vocab) grammar_vocab = std::make_unique<GrammarVocabulary>(*tokenizer, model->config().vocab_size);
+    if (!grammar_vocab) {  // the DSML marker is a special token a tool-call grammar writes
+      std::vector<std::pair<int32_t, std::string>> special;
+      if (const auto dsml = tokenizer->token_id("｜DSML｜")) special.emplace_back(*dsml, std::string(1, kDsmlMarkerByte));
+      grammar_vocab = std::make_unique<GrammarVocabulary>(*tokenizer, static_cast<int32_t>(model->config().vocab_size), special);
+    }
     r.grammar = std::make_unique<GrammarMatcher>(p.grammar);
     r.constrained = p.grammar_after < 0;
   }

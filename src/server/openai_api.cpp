@@ -214,13 +214,46 @@ std::shared_ptr<const Grammar> schema_grammar(const ojson& schema, const std::st
   }
 }
 
-// Structured outputs: the chat route's response_format (json_object, json_schema), and vLLM's
-// structured_outputs on both routes (json, json_object, choice; regex, grammar and structural_tag
-// are refused). When the output begins in reasoning, the grammar holds from its end ("</think>").
+// The tool-call grammar a chat request's tool_choice asks for: "required" (one call or more of the
+// offered tools) or a named function (one call of it); null for "auto", "none" and no tool_choice.
+std::shared_ptr<const Grammar> tool_choice_grammar(const ojson& body) {
+  const ojson* choice = field(body, "tool_choice");
+  const ojson* tools = field(body, "tools");
+  if (choice == nullptr || tools == nullptr || !tools->is_array()) return nullptr;
+  nlohmann::json offered = nlohmann::json::array();
+  bool one_call = false;
+  if (choice->is_string()) {
+    if (*choice != "required") return nullptr;
+    offered = nlohmann::json::parse(tools->dump());
+  } else {
+    const std::string name = choice->at("function").at("name").get<std::string>();  // the encoder checked it names a tool
+    for (const ojson& t : *tools) {
+      if (t.is_object() && t.contains("function") && t["function"].value("name", "") == name) {
+        offered.push_back(nlohmann::json::parse(t.dump()));
+      }
+    }
+    one_call = true;
+  }
+  try {
+    return tool_call_grammar(offered, one_call);
+  } catch (const Error& e) {
+    throw invalid_request(e.where().empty() ? "tools" : e.where(), std::string("a forced tool call cannot follow this tool: ") + e.what());
+  }
+}
+
+// Structured outputs: the chat route's response_format (json_object, json_schema) and tool_choice
+// (required or a named function: a DSML tool-call block), and vLLM's structured_outputs on both
+// routes (json, json_object, choice; regex, grammar and structural_tag are refused). A forced tool
+// call takes precedence over response_format, which then only shapes the prompt. When the output
+// begins in reasoning, the grammar holds from its end ("</think>").
 void parse_structured_outputs(const ojson& body, const ModelInfo& model, ApiRequest& req) {
   std::shared_ptr<const Grammar> grammar;
   std::string from;
-  if (const ojson* rf = field(body, "response_format"); rf != nullptr && req.endpoint == Endpoint::ChatCompletions) {
+  if (req.endpoint == Endpoint::ChatCompletions) {
+    grammar = tool_choice_grammar(body);
+    from = "tool_choice";
+  }
+  if (const ojson* rf = field(body, "response_format"); rf != nullptr && req.endpoint == Endpoint::ChatCompletions && !grammar) {
     const std::string type = rf->is_object() && (*rf)["type"].is_string() ? (*rf)["type"].get<std::string>() : "";
     if (type == "json_object") {
       grammar = json_object_grammar();

@@ -212,9 +212,13 @@ std::shared_ptr<const Grammar> json_object_grammar() {
   return g;
 }
 
+int add_json_schema(Grammar& grammar, const json& schema, const std::string& path) {
+  return SchemaCompiler(grammar).compile(schema, path, 0);
+}
+
 std::shared_ptr<const Grammar> json_schema_grammar(const json& schema) {
   auto g = std::make_shared<Grammar>();
-  g->root = SchemaCompiler(*g).compile(schema, "schema", 0);
+  g->root = add_json_schema(*g, schema, "schema");
   return g;
 }
 
@@ -285,6 +289,118 @@ void GrammarMatcher::pop_value(Stack& stack) const {
   } else if (p.kind == Frame::Kind::Array) {
     p.state = 2;
     ++p.count;
+  } else if (p.kind == Frame::Kind::Dsml) {
+    dsml_next(stack, done);
+  }
+}
+
+// The DSML block's states (Dsml frame): 1 its opening read, 2 `<M invoke name="` read, 3 a tool's
+// name, 4 what follows the name (a parameter or the invoke's end), 5 a parameter's key, 6 its value,
+// 7 `</M parameter>`, 8 what follows a parameter, 9 what follows an invoke. count: the tool being
+// called; seen: its parameters given; lo: invokes made; hi: the parameter being read (+1 when raw).
+void GrammarMatcher::dsml_next(Stack& stack, const Frame& done) const {
+  Frame& d = stack.back();
+  const GrammarNode& block = grammar_->nodes[static_cast<size_t>(d.node)];
+  const auto push_literal = [&](int node, uint8_t next_state) {
+    d.state = next_state;
+    Frame lit;
+    lit.kind = Frame::Kind::Literal;
+    lit.node = node;
+    lit.hi = static_cast<int32_t>(grammar_->nodes[static_cast<size_t>(node)].literals.size());
+    stack.push_back(lit);
+  };
+  const auto tag = [&]() {
+    return grammar_->nodes[static_cast<size_t>(done.node)].literal_tag[static_cast<size_t>(done.lo)];
+  };
+  const auto push_key = [&] {
+    d.state = 5;
+    Frame key;
+    key.kind = Frame::Kind::Literal;
+    key.key = true;
+    key.node = block.tools[static_cast<size_t>(d.count)].params;
+    key.hi = static_cast<int32_t>(grammar_->nodes[static_cast<size_t>(key.node)].keys.size());
+    stack.push_back(key);
+  };
+  const auto invoke_done = [&] {
+    ++d.lo;
+    push_literal(block.lit_after_invoke, 9);
+  };
+  const auto param_done = [&] {
+    const GrammarNode& params = grammar_->nodes[static_cast<size_t>(block.tools[static_cast<size_t>(d.count)].params)];
+    const int param = d.hi >> 1;
+    d.seen |= uint64_t{1} << param;
+    bool required_left = false, open_left = false;
+    for (size_t i = 0; i < params.property_nodes.size(); ++i) {
+      required_left |= params.required[i] && !(d.seen >> i & 1);
+      open_left |= !(d.seen >> i & 1);
+    }
+    push_literal(required_left ? block.lit_after_param : open_left ? block.lit_after_param_both : block.lit_after_param_close, 8);
+  };
+  switch (d.state) {
+    case 1:
+      push_literal(block.lit_invoke, 2);
+      return;
+    case 2:
+      push_literal(block.lit_names, 3);
+      return;
+    case 3: {  // the tool's name (and `">\n`)
+      d.count = tag();
+      d.seen = 0;
+      const GrammarNode& params = grammar_->nodes[static_cast<size_t>(block.tools[static_cast<size_t>(d.count)].params)];
+      const bool required = std::find(params.required.begin(), params.required.end(), true) != params.required.end();
+      push_literal(params.property_nodes.empty() ? block.lit_after_name_close
+                   : required                    ? block.lit_after_name
+                                                 : block.lit_after_name_both,
+                   4);
+      return;
+    }
+    case 4:
+    case 8:  // tag 0: a parameter's key follows; tag 1: the invoke ended
+      if (tag() == 0) {
+        push_key();
+      } else {
+        invoke_done();
+      }
+      return;
+    case 5: {  // the key (and its string attribute): the value follows
+      const GrammarNode::Tool& tool = block.tools[static_cast<size_t>(d.count)];
+      const GrammarNode& params = grammar_->nodes[static_cast<size_t>(tool.params)];
+      const int param = params.key_property[static_cast<size_t>(done.lo)];
+      const bool raw = tool.raw[static_cast<size_t>(done.lo)];
+      d.hi = param << 1 | (raw ? 1 : 0);
+      d.state = 6;
+      Frame value;
+      if (raw && tool.raw_choices[static_cast<size_t>(param)] >= 0) {
+        value.kind = Frame::Kind::Literal;
+        value.node = tool.raw_choices[static_cast<size_t>(param)];
+        value.hi = static_cast<int32_t>(grammar_->nodes[static_cast<size_t>(value.node)].literals.size());
+      } else if (raw) {
+        value.kind = Frame::Kind::Raw;
+      } else {
+        value.node = params.property_nodes[static_cast<size_t>(param)];
+      }
+      stack.push_back(value);
+      return;
+    }
+    case 6:  // the value: a raw text ends with its closing tag, the others are followed by it
+      if (done.kind == Frame::Kind::Raw) {
+        param_done();
+      } else {
+        push_literal(block.lit_param_close, 7);
+      }
+      return;
+    case 7:
+      param_done();
+      return;
+    case 9:  // tag 0: another invoke; tag 1: the block ended
+      if (tag() == 0) {
+        push_literal(block.lit_names, 3);
+      } else {
+        pop_value(stack);
+      }
+      return;
+    default:
+      return;
   }
 }
 
@@ -316,6 +432,17 @@ void GrammarMatcher::advance(Stack stack, uint8_t b, std::vector<Stack>& out) co
       }
       Frame v;
       v.node = f.node;
+      if (k == Kind::DsmlCalls) {  // the block's frame, and its opening literal read from this byte
+        f.kind = Frame::Kind::Dsml;
+        f.state = 1;
+        Frame open;
+        open.kind = Frame::Kind::Literal;
+        open.node = node->lit_open;
+        open.hi = static_cast<int32_t>(grammar_->nodes[static_cast<size_t>(open.node)].literals.size());
+        stack.push_back(open);
+        advance(std::move(stack), b, out);
+        return;
+      }
       if ((k == Kind::Any || k == Kind::Object) && b == '{') {
         v.kind = Frame::Kind::Object;
       } else if ((k == Kind::Any || k == Kind::Array) && b == '[') {
@@ -450,6 +577,43 @@ void GrammarMatcher::advance(Stack stack, uint8_t b, std::vector<Stack>& out) co
       return;
     }
 
+    case Frame::Kind::Raw: {  // state 0 text, 1 after '<', 2 after "</", 3 reading " parameter>" (count bytes)
+      static const std::string kTail = " parameter>";
+      if (f.state == 3) {
+        if (b != static_cast<uint8_t>(kTail[static_cast<size_t>(f.count)])) return;
+        if (++f.count == static_cast<int64_t>(kTail.size())) pop_value(stack);
+        out.push_back(std::move(stack));
+        return;
+      }
+      if (f.utf8_left > 0) {
+        if (b < f.utf8_lo || b > f.utf8_hi) return;
+        --f.utf8_left;
+        f.utf8_lo = 0x80;
+        f.utf8_hi = 0xBF;
+        f.state = 0;
+      } else if (b == static_cast<uint8_t>(kDsmlMarkerByte)) {
+        if (f.state != 2) return;  // the marker only in the closing tag
+        f.state = 3;
+        f.count = 0;
+      } else if (b >= 0x80) {
+        const Utf8Lead lead = utf8_lead(b);
+        if (lead.continuations == 0) return;
+        f.utf8_left = lead.continuations;
+        f.utf8_lo = lead.lo;
+        f.utf8_hi = lead.hi;
+        f.state = 0;
+      } else if (b < 0x20 && b != '\n' && b != '\t') {
+        return;
+      } else {
+        f.state = b == '<' ? 1 : (f.state == 1 && b == '/') ? 2 : 0;
+      }
+      out.push_back(std::move(stack));
+      return;
+    }
+
+    case Frame::Kind::Dsml:
+      return;  // never on top: a piece of the block is always being read
+
     case Frame::Kind::Number: {
       const bool integer = node && node->kind == Kind::Integer;
       uint8_t next = 255;  // 255: the byte does not continue the number
@@ -517,8 +681,9 @@ void GrammarMatcher::advance(Stack stack, uint8_t b, std::vector<Stack>& out) co
 
 bool GrammarMatcher::feed(uint8_t byte) {
   // Whitespace outside strings is bounded: a model must not pad a value forever.
+  // (a literal's and a raw text's bytes are their own: only whitespace between JSON tokens counts)
   const bool structural = std::none_of(stacks_.begin(), stacks_.end(), [](const Stack& s) {
-    return s.back().kind == Frame::Kind::String;
+    return s.back().kind == Frame::Kind::String || s.back().kind == Frame::Kind::Raw || s.back().kind == Frame::Kind::Literal;
   });
   if (structural && is_whitespace(byte)) {
     size_t depth = 0;  // the containers open (the deepest stack's)
@@ -575,11 +740,19 @@ bool GrammarMatcher::finished() const {
   return std::all_of(stacks_.begin(), stacks_.end(), [](const Stack& s) { return s.back().kind == Frame::Kind::End; });
 }
 
-bool GrammarMatcher::in_free_string() const {
-  return std::all_of(stacks_.begin(), stacks_.end(), [](const Stack& s) {
+GrammarMatcher::FreeText GrammarMatcher::free_text() const {
+  const auto free_in = [](const Stack& s) {
     const Frame& f = s.back();
-    return f.kind == Frame::Kind::String && f.state == 0 && f.utf8_left == 0 && f.hex_left == 0;
-  });
+    if (f.utf8_left != 0 || f.hex_left != 0 || f.state != 0) return FreeText::None;
+    if (f.kind == Frame::Kind::String) return FreeText::JsonString;
+    if (f.kind == Frame::Kind::Raw) return FreeText::Raw;
+    return FreeText::None;
+  };
+  const FreeText first = free_in(stacks_.front());
+  for (const Stack& s : stacks_) {
+    if (free_in(s) != first) return FreeText::None;
+  }
+  return first;
 }
 
 }  // namespace dsv41

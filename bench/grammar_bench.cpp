@@ -81,20 +81,21 @@ void BM_MaskPerStep(benchmark::State& state, const Case& c) {
     if (!m.feed(v.bytes(id))) state.SkipWithError("the case's value does not fit its schema");
   }
   std::vector<uint64_t> allowed;
+  GrammarVocabulary::Scratch scratch;
   // the slowest step (each the fastest of 3 tries, so a preemption is not counted)
   double worst = 0;
   for (const GrammarMatcher& at : steps) {
     double best = 1e9;
     for (int k = 0; k < 3; ++k) {
       const auto t0 = std::chrono::steady_clock::now();
-      v.allowed(at, 1, allowed);
+      v.allowed(at, 1, allowed, scratch);
       best = std::min(best, std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
     }
     worst = std::max(worst, best);
   }
   size_t i = 0;
   for (auto _ : state) {
-    v.allowed(steps[i], 1, allowed);
+    v.allowed(steps[i], 1, allowed, scratch);
     benchmark::DoNotOptimize(allowed.data());
     i = (i + 1) % steps.size();
   }

@@ -19,8 +19,6 @@
 #include "model/dspark.h"
 #include "model/model.h"
 #include "runtime/kv_events.h"
-#include "text/grammar_mask.h"
-#include "text/json_grammar.h"
 #include "runtime/prefill_peer.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
@@ -28,6 +26,8 @@
 #include "state/disk_cache.h"
 #include "state/sequence_snapshot.h"
 #include "state/state_graph.h"
+#include "text/grammar_mask.h"
+#include "text/json_grammar.h"
 #include "util/error.h"
 
 namespace dsv41 {
@@ -83,7 +83,10 @@ struct Engine::Impl {
     std::shared_ptr<const std::vector<uint8_t>> exported;  // export_state: for the final event
     std::unique_ptr<GrammarMatcher> grammar;  // structured outputs: where the output is in its grammar
     bool constrained = false;                 // the grammar holds from here on (after grammar_after)
-    std::vector<float> masked;                // the logits cut to the tokens it allows next
+    std::vector<uint64_t> allowed;            // the tokens it allows next (grammar_mask.h's bits)
+    bool allowed_ready = false;               // `allowed` was computed during the step's forward
+    GrammarVocabulary::Scratch mask_scratch;
+    std::vector<float> masked;                // the logits cut to them
     std::chrono::steady_clock::time_point submitted, admitted;
   };
 
@@ -129,7 +132,8 @@ struct Engine::Impl {
   bool emit(Request& r, int32_t token, const float* logits);
   void sample_and_emit(Request& r, const std::vector<float>& logits, int64_t vocab);
   void follow_grammar(Request& r, int32_t token);
-  void mask_to_grammar(const Request& r, const std::vector<int32_t>& ahead, std::vector<float>& row);
+  void mask_to_grammar(Request& r, const std::vector<int32_t>& ahead, std::vector<float>& row);
+  void compute_allowed(Request& r, const GrammarMatcher& at);
   void start(Request& r, const CacheEntry* handed = nullptr);
   bool await_handover(Request& r);
   void export_prompt_state(Request& r);
@@ -670,12 +674,30 @@ void Engine::Impl::step() {
     }
   }
   if (planned.empty()) return;
+  // The plain constrained sequences' masks depend only on the tokens they have: computed on a thread
+  // of their own while the forward runs, so they add nothing to the step. (A verification's depend on
+  // the drafts it accepts: computed after it.)
+  std::vector<Request*> masking;
+  for (Request* r : planned) {
+    if (r->grammar && r->constrained && !r->spec) masking.push_back(r);
+  }
+  std::future<void> masks;
+  if (!masking.empty()) {
+    masks = std::async(std::launch::async, [this, &masking] {
+      for (Request* r : masking) {
+        compute_allowed(*r, *r->grammar);
+        r->allowed_ready = true;
+      }
+    });
+  }
   try {
     Session::run_planned(sessions);
   } catch (const std::exception& e) {  // one forward for the whole batch: it fails the batch, nobody else
+    if (masks.valid()) masks.get();
     for (Request* r : planned) fail_request(*r, e);
     return;
   }
+  if (masks.valid()) masks.get();
   {
     std::lock_guard<std::mutex> lock(mu);
     ++stats.decode_forwards_total;
@@ -704,8 +726,12 @@ void Engine::Impl::sample_and_emit(Request& r, const std::vector<float>& logits,
   const float* row = logits.data();
   if (r.grammar && r.constrained) {
     r.masked.assign(logits.begin(), logits.end());
-    mask_to_grammar(r, {}, r.masked);
-    if (std::all_of(r.masked.begin(), r.masked.end(), [](float x) { return std::isinf(x); })) {
+    if (!r.allowed_ready) compute_allowed(r, *r.grammar);
+    r.allowed_ready = false;
+    for (size_t i = 0; i < r.masked.size(); ++i) {
+      if (!(r.allowed[i >> 6] >> (i & 63) & 1)) r.masked[i] = -INFINITY;
+    }
+    if (std::all_of(r.allowed.begin(), r.allowed.end(), [](uint64_t w) { return w == 0; })) {
       finish(r, "error", "no token of the vocabulary continues the output's grammar here");
       return;
     }
@@ -721,7 +747,7 @@ void Engine::Impl::sample_and_emit(Request& r, const std::vector<float>& logits,
 // Sets the logits of the tokens the request's grammar does not allow after `ahead` (tokens produced
 // but not yet followed: a verification's accepted drafts) to -inf. Nothing is masked before the
 // grammar starts (grammar_after).
-void Engine::Impl::mask_to_grammar(const Request& r, const std::vector<int32_t>& ahead, std::vector<float>& row) {
+void Engine::Impl::mask_to_grammar(Request& r, const std::vector<int32_t>& ahead, std::vector<float>& row) {
   bool on = r.constrained;
   std::optional<GrammarMatcher> after;
   for (const int32_t t : ahead) {
@@ -736,13 +762,17 @@ void Engine::Impl::mask_to_grammar(const Request& r, const std::vector<int32_t>&
     }
   }
   if (!on) return;
+  compute_allowed(r, after ? *after : *r.grammar);
+  for (size_t i = 0; i < row.size(); ++i) {
+    if (!(r.allowed[i >> 6] >> (i & 63) & 1)) row[i] = -INFINITY;
+  }
+}
+
+// The tokens the grammar allows at `at`, into r.allowed.
+void Engine::Impl::compute_allowed(Request& r, const GrammarMatcher& at) {
   // the end may come once the value is whole (unless the request ignores it: then only more value)
   const int32_t end = r.params.ignore_eos ? -1 : static_cast<int32_t>(model->config().eos_token_id);
-  std::vector<uint64_t> allowed;
-  grammar_vocab->allowed(after ? *after : *r.grammar, end, allowed);
-  for (size_t i = 0; i < row.size(); ++i) {
-    if (!(allowed[i >> 6] >> (i & 63) & 1)) row[i] = -INFINITY;
-  }
+  grammar_vocab->allowed(at, end, r.allowed, r.mask_scratch);
 }
 
 // A constrained request after its token: the grammar starts at grammar_after, follows every token

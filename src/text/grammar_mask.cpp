@@ -122,10 +122,11 @@ GrammarVocabulary::GrammarVocabulary(const Tokenizer& tokenizer, int32_t vocab,
   }
 }
 
-void GrammarVocabulary::walk(const Trie& trie, uint32_t node, size_t depth, int text, std::vector<uint64_t>& allowed) const {
+void GrammarVocabulary::walk(const Trie& trie, uint32_t node, size_t depth, int text, std::vector<uint64_t>& allowed,
+                             Scratch& levels) const {
   for (uint32_t e = trie.first[node]; e < trie.first[node + 1]; ++e) {
-    GrammarMatcher& next = levels_[depth + 1];
-    next = levels_[depth];
+    GrammarMatcher& next = levels[depth + 1];
+    next = levels[depth];
     if (!next.feed(trie.edge_byte[e])) continue;
     const uint32_t child = trie.edge_child[e];
     for (uint32_t t = trie.token_first[child]; t < trie.token_first[child + 1]; ++t) set_bit(allowed, trie.tokens[t]);
@@ -140,21 +141,22 @@ void GrammarVocabulary::walk(const Trie& trie, uint32_t node, size_t depth, int 
       }
     }
     if (trie.first[child] < trie.first[child + 1] && (now < 0 || trie.deepest_unsafe[now][child] > here)) {
-      walk(trie, child, depth + 1, now, allowed);
+      walk(trie, child, depth + 1, now, allowed, levels);
     }
   }
 }
 
-void GrammarVocabulary::allowed(const GrammarMatcher& m, int32_t end_token, std::vector<uint64_t>& allowed) const {
+void GrammarVocabulary::allowed(const GrammarMatcher& m, int32_t end_token, std::vector<uint64_t>& allowed,
+                                Scratch& levels) const {
   allowed.assign((static_cast<size_t>(vocab_) + 63) / 64, 0);
-  if (levels_.size() < longest_ + 1) levels_.assign(longest_ + 1, m);  // one per byte of the longest token
-  levels_[0] = m;
+  if (levels.size() < longest_ + 1) levels.assign(longest_ + 1, m);  // one per byte of the longest token
+  levels[0] = m;
   const int text = text_index(m.free_text());
   if (text >= 0) {
     allowed = safe_[text];
-    walk(outside_[text], 0, 0, text, allowed);
+    walk(outside_[text], 0, 0, text, allowed, levels);
   } else if (!m.finished()) {
-    walk(all_, 0, 0, -1, allowed);
+    walk(all_, 0, 0, -1, allowed, levels);
   }
   if (m.complete() && end_token >= 0 && end_token < vocab_) set_bit(allowed, end_token);
 }

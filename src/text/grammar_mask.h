@@ -29,9 +29,16 @@ class GrammarVocabulary {
                     const std::vector<std::pair<int32_t, std::string>>& special_bytes = {});
 
   int32_t vocab() const { return vocab_; }
+  // The matchers a walk keeps, one per byte of a branch: each caller of allowed() at a time brings
+  // its own, and reuses it.
+  using Scratch = std::vector<GrammarMatcher>;
   // Sets `allowed` (vocab bits, 64 per word) to the tokens `m` allows next; `end_token` is allowed
-  // when what `m` read is a whole value.
-  void allowed(const GrammarMatcher& m, int32_t end_token, std::vector<uint64_t>& allowed) const;
+  // when what `m` read is a whole value. Safe from several threads, each with its scratch.
+  void allowed(const GrammarMatcher& m, int32_t end_token, std::vector<uint64_t>& allowed, Scratch& scratch) const;
+  void allowed(const GrammarMatcher& m, int32_t end_token, std::vector<uint64_t>& allowed) const {
+    Scratch scratch;
+    this->allowed(m, end_token, allowed, scratch);
+  }
   // The bytes a token stands for here (empty for special and unknown ids).
   const std::string& bytes(int32_t id) const { return bytes_[static_cast<size_t>(id)]; }
 
@@ -55,7 +62,7 @@ class GrammarVocabulary {
   };
   // `text`: the free text the matcher was in before this node's bytes (-1: none), whose safe tokens
   // from this depth on are already allowed.
-  void walk(const Trie& trie, uint32_t node, size_t depth, int text, std::vector<uint64_t>& allowed) const;
+  void walk(const Trie& trie, uint32_t node, size_t depth, int text, std::vector<uint64_t>& allowed, Scratch& levels) const;
 
   int32_t vocab_ = 0;
   std::vector<std::string> bytes_;
@@ -63,9 +70,6 @@ class GrammarVocabulary {
   Trie outside_[kTexts];                // the tokens not safe in each free text
   std::vector<uint64_t> safe_[kTexts];  // the tokens safe in it
   size_t longest_ = 0;                  // bytes of the longest token
-  // The matcher after each byte of the branch being walked: allowed() has one caller at a time (the
-  // engine's scheduler thread).
-  mutable std::vector<GrammarMatcher> levels_;
 };
 
 }  // namespace dsv41

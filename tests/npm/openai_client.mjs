@@ -1,6 +1,7 @@
 // Drives a running `dsv41 serve` with the official openai npm client, the way applications talk to
 // it: chat (plain and streamed), completions, stop, seed, usage with cached tokens, tools,
-// speculative decoding through the extension field, the Responses API, and an unknown model. Exits
+// speculative decoding through the extension field, the Responses API, a json_schema response_format,
+// and an unknown model. Exits
 // non-zero on the first mismatch. The model is random, so checks compare the server with itself
 // (plain vs streamed, same seed twice) rather than with fixed text.
 //
@@ -201,6 +202,26 @@ async function main() {
   } catch (e) {
     check(e instanceof OpenAI.BadRequestError && e.param === "previous_response_id", "previous_response_id is a 400 naming it", String(e));
   }
+
+  // structured outputs: however random the model, the answer is JSON that fits the schema
+  const schema = {
+    type: "object",
+    properties: { ok: { type: "boolean" }, level: { enum: ["low", "high"] } },
+    required: ["ok", "level"],
+    additionalProperties: false,
+  };
+  const structured = await client.chat.completions.create({
+    model,
+    messages: [{ role: "user", content: "Status?" }],
+    max_tokens: 200,
+    temperature: 0,
+    thinking: false,
+    response_format: { type: "json_schema", json_schema: { name: "status", schema, strict: true } },
+  });
+  check(structured.choices[0].finish_reason === "stop", "a json_schema answer ends when its value does", structured.choices[0]);
+  const value = JSON.parse(structured.choices[0].message.content);
+  check(typeof value.ok === "boolean" && ["low", "high"].includes(value.level) && Object.keys(value).length === 2,
+        "a json_schema answer parses and fits its schema", value);
 
   // errors come back as OpenAI errors
   try {

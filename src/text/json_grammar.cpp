@@ -404,6 +404,23 @@ void GrammarMatcher::dsml_next(Stack& stack, const Frame& done) const {
   }
 }
 
+GrammarMatcher::Utf8Step GrammarMatcher::utf8_step(Frame& f, uint8_t b) {
+  if (f.utf8_left > 0) {
+    if (b < f.utf8_lo || b > f.utf8_hi) return Utf8Step::Refused;
+    --f.utf8_left;
+    f.utf8_lo = 0x80;
+    f.utf8_hi = 0xBF;
+    return Utf8Step::Taken;
+  }
+  if (b < 0x80) return Utf8Step::Ascii;
+  const Utf8Lead lead = utf8_lead(b);
+  if (lead.continuations == 0) return Utf8Step::Refused;
+  f.utf8_left = lead.continuations;
+  f.utf8_lo = lead.lo;
+  f.utf8_hi = lead.hi;
+  return Utf8Step::Taken;
+}
+
 void GrammarMatcher::advance(Stack stack, uint8_t b, std::vector<Stack>& out) const {
   if (stack.size() > static_cast<size_t>(kMaxGrammarDepth)) return;
   Frame& f = stack.back();
@@ -555,23 +572,14 @@ void GrammarMatcher::advance(Stack stack, uint8_t b, std::vector<Stack>& out) co
           return;
         }
         f.state = 0;
-      } else if (f.utf8_left > 0) {
-        if (b < f.utf8_lo || b > f.utf8_hi) return;
-        --f.utf8_left;
-        f.utf8_lo = 0x80;
-        f.utf8_hi = 0xBF;
-      } else if (b == '"') {
-        pop_value(stack);
-      } else if (b == '\\') {
-        f.state = 1;
-      } else if (b < 0x20) {
-        return;
-      } else if (b >= 0x80) {
-        const Utf8Lead lead = utf8_lead(b);
-        if (lead.continuations == 0) return;
-        f.utf8_left = lead.continuations;
-        f.utf8_lo = lead.lo;
-        f.utf8_hi = lead.hi;
+      } else {
+        const Utf8Step u = utf8_step(f, b);
+        if (u == Utf8Step::Refused || (u == Utf8Step::Ascii && b < 0x20)) return;
+        if (u == Utf8Step::Ascii && b == '"') {
+          pop_value(stack);
+        } else if (u == Utf8Step::Ascii && b == '\\') {
+          f.state = 1;
+        }
       }
       out.push_back(std::move(stack));
       return;
@@ -585,27 +593,14 @@ void GrammarMatcher::advance(Stack stack, uint8_t b, std::vector<Stack>& out) co
         out.push_back(std::move(stack));
         return;
       }
-      if (f.utf8_left > 0) {
-        if (b < f.utf8_lo || b > f.utf8_hi) return;
-        --f.utf8_left;
-        f.utf8_lo = 0x80;
-        f.utf8_hi = 0xBF;
-        f.state = 0;
-      } else if (b == static_cast<uint8_t>(kDsmlMarkerByte)) {
+      if (f.utf8_left == 0 && b == static_cast<uint8_t>(kDsmlMarkerByte)) {
         if (f.state != 2) return;  // the marker only in the closing tag
         f.state = 3;
         f.count = 0;
-      } else if (b >= 0x80) {
-        const Utf8Lead lead = utf8_lead(b);
-        if (lead.continuations == 0) return;
-        f.utf8_left = lead.continuations;
-        f.utf8_lo = lead.lo;
-        f.utf8_hi = lead.hi;
-        f.state = 0;
-      } else if (b < 0x20 && b != '\n' && b != '\t') {
-        return;
       } else {
-        f.state = b == '<' ? 1 : (f.state == 1 && b == '/') ? 2 : 0;
+        const Utf8Step u = utf8_step(f, b);
+        if (u == Utf8Step::Refused || (u == Utf8Step::Ascii && b < 0x20 && b != '\n' && b != '\t')) return;
+        f.state = u == Utf8Step::Ascii && b == '<' ? 1 : (u == Utf8Step::Ascii && f.state == 1 && b == '/') ? 2 : 0;
       }
       out.push_back(std::move(stack));
       return;

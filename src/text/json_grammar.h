@@ -136,6 +136,11 @@ class GrammarMatcher {
   };
   using Stack = std::vector<Frame>;
 
+  // A text frame's byte as UTF-8 (RFC 3629): a continuation its character expects, or a lead byte
+  // that starts a character (Taken); one that breaks a character (Refused); an ASCII byte, left to the
+  // frame (Ascii).
+  enum class Utf8Step : uint8_t { Ascii, Taken, Refused };
+  static Utf8Step utf8_step(Frame& f, uint8_t byte);
   // Advances one stack by one byte into `out`: none when refused, several when an `anyOf` or a
   // literal that is a prefix of another forks it. `whitespace`: the byte is JSON whitespace.
   void advance(Stack stack, uint8_t byte, std::vector<Stack>& out) const;

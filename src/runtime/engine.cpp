@@ -260,9 +260,6 @@ uint64_t Engine::submit(RequestParams params, EventSink sink) {
   if (static_cast<double>(total + kTokensPerPage) * m.bytes_per_token > static_cast<double>(m.opt.kv_budget_bytes)) {
     fail("max_tokens", "the request needs more KV memory than the server's whole budget");
   }
-  if (params.grammar && !params.forced_output.empty()) {
-    fail("structured outputs", "cannot be combined with forced output");
-  }
   if (params.export_state && (params.max_tokens != 0 || params.prompt.size() % kTokensPerPage != 0)) {
     fail("export_state", "needs max_tokens 0 and a prompt of whole " + std::to_string(kTokensPerPage) + "-token blocks");
   }
@@ -488,7 +485,7 @@ void Engine::Impl::start(Request& r, const CacheEntry* handed) {
   r.sampler = std::make_unique<Sampler>(p.sampling);
   r.decoder = std::make_unique<StreamDecoder>(*tokenizer);
   const SpeculativeMethod method = p.speculative.value_or(opt.speculative);
-  if (p.grammar) {
+  if (p.grammar && p.forced_output.empty()) {  // forced output stands for the model: held to nothing
     if (!grammar_vocab) {  // the DSML marker is a special token a tool-call grammar writes
       std::vector<std::pair<int32_t, std::string>> special;
       if (const auto dsml = tokenizer->token_id("｜DSML｜")) special.emplace_back(*dsml, std::string(1, kDsmlMarkerByte));

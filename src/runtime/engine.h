@@ -107,8 +107,8 @@ struct RequestParams {
   // Structured outputs: each token sampled after `grammar_after` (a token id, e.g. the end of
   // reasoning; -1: from the first) is one the grammar allows (text/grammar_mask.h), and the request
   // ends ("stop") when the value is whole. Speculating, its drafts are verified against the masked
-  // target (one outside the grammar is rejected). It cannot be combined with forced_output. Null: a
-  // free output.
+  // target (one outside the grammar is rejected). A request with forced_output (a test hook that
+  // stands for the model) runs without its grammar. Null: a free output.
   std::shared_ptr<const Grammar> grammar;
   int32_t grammar_after = -1;
 };

@@ -1,6 +1,7 @@
 #include "text/json_grammar.h"
 
 #include <algorithm>
+#include <string_view>
 #include <tuple>
 
 namespace dsv41 {
@@ -10,9 +11,20 @@ using Kind = GrammarNode::Kind;
 
 constexpr size_t kMaxStacks = 64;    // parse stacks at once; more (a pathological anyOf) refuse the byte
 
-const std::vector<std::string> kAnyLiterals = {"false", "null", "true"};
-const std::vector<std::string> kBooleans = {"false", "true"};
-const std::vector<std::string> kNull = {"null"};
+// The literal texts of JSON's own values. Made once and never destroyed: a scheduler thread may
+// still read them while the process destroys its statics at exit.
+const std::vector<std::string>& any_literals() {
+  static const auto* texts = new std::vector<std::string>{"false", "null", "true"};
+  return *texts;
+}
+const std::vector<std::string>& boolean_literals() {
+  static const auto* texts = new std::vector<std::string>{"false", "true"};
+  return *texts;
+}
+const std::vector<std::string>& null_literals() {
+  static const auto* texts = new std::vector<std::string>{"null"};
+  return *texts;
+}
 
 bool is_whitespace(uint8_t b) { return b == ' ' || b == '\n' || b == '\t' || b == '\r'; }
 bool is_digit(uint8_t b) { return b >= '0' && b <= '9'; }
@@ -49,11 +61,11 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar) : grammar
 }
 
 const std::vector<std::string>& GrammarMatcher::literal_texts(const Frame& f) const {
-  if (f.node < 0) return kAnyLiterals;
+  if (f.node < 0) return any_literals();
   const GrammarNode& n = grammar_->nodes[static_cast<size_t>(f.node)];
   if (f.key) return n.keys;
-  if (n.kind == Kind::Boolean) return kBooleans;
-  if (n.kind == Kind::Null) return kNull;
+  if (n.kind == Kind::Boolean) return boolean_literals();
+  if (n.kind == Kind::Null) return null_literals();
   return n.literals;
 }
 
@@ -381,7 +393,7 @@ void GrammarMatcher::advance(Stack stack, uint8_t b, std::vector<Stack>& out) co
     }
 
     case Frame::Kind::Raw: {  // state 0 text, 1 after '<', 2 after "</", 3 reading " parameter>" (count bytes)
-      static const std::string kTail = " parameter>";
+      constexpr std::string_view kTail = " parameter>";
       if (f.state == 3) {
         if (b != static_cast<uint8_t>(kTail[static_cast<size_t>(f.count)])) return;
         if (++f.count == static_cast<int64_t>(kTail.size())) pop_value(stack);

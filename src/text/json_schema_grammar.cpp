@@ -1,8 +1,9 @@
 // JSON Schema (the subset structured outputs read), json_object and choice lists compiled into
 // grammar nodes (text/json_grammar.h). Anything the subset does not read is refused by name.
 #include <algorithm>
-#include <set>
+#include <array>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "text/json_grammar.h"
@@ -16,12 +17,14 @@ using Kind = GrammarNode::Kind;
 
 constexpr size_t kMaxProperties = 64;
 
-// The keywords the subset reads, and those that only annotate.
-const std::set<std::string>& known_keywords() {
-  static const std::set<std::string> k = {"type",     "properties", "required", "additionalProperties", "enum",
-                                          "const",    "items",      "minItems", "maxItems",             "anyOf",
-                                          "title",    "description", "$schema", "default",              "examples"};
-  return k;
+// The keywords the subset reads, and those that only annotate. (Constants without destructors: the
+// server's threads compile schemas until the process ends.)
+constexpr std::array<std::string_view, 15> kKnownKeywords = {
+    "type",  "properties", "required",    "additionalProperties", "enum",    "const",   "items",   "minItems",
+    "maxItems", "anyOf",   "title",       "description",          "$schema", "default", "examples"};
+
+bool known_keyword(std::string_view key) {
+  return std::find(kKnownKeywords.begin(), kKnownKeywords.end(), key) != kKnownKeywords.end();
 }
 
 class SchemaCompiler {
@@ -36,7 +39,7 @@ class SchemaCompiler {
     }
     if (!s.is_object()) fail(path, "a schema must be an object or a boolean");
     for (const auto& [key, value] : s.items()) {
-      if (!known_keywords().count(key)) fail(path + "." + key, "the keyword \"" + key + "\" is not supported here");
+      if (!known_keyword(key)) fail(path + "." + key, "the keyword \"" + key + "\" is not supported here");
     }
     if (s.contains("enum") || s.contains("const")) {
       GrammarNode n;

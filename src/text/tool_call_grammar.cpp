@@ -20,7 +20,6 @@ namespace {
 using json = nlohmann::json;
 using Kind = GrammarNode::Kind;
 
-const std::string kMarker(1, kDsmlMarkerByte);
 
 // A Literals node of (text, tag) pairs, sorted with their tags.
 int add_literals(Grammar& g, std::vector<std::pair<std::string, int>> texts) {
@@ -75,6 +74,7 @@ int raw_choices(Grammar& g, int node) {
 
 std::shared_ptr<const Grammar> tool_call_grammar(const json& tools, bool one_call) {
   if (!tools.is_array() || tools.empty()) fail("tools", "a tool call needs at least one tool");
+  const std::string marker(1, kDsmlMarkerByte);
   auto g = std::make_shared<Grammar>();
   g->json = false;
   GrammarNode block;
@@ -124,20 +124,20 @@ std::shared_ptr<const Grammar> tool_call_grammar(const json& tools, bool one_cal
     p.free_keys = false;
     block.tools.push_back(std::move(tool));
   }
-  const std::string param_open = "<" + kMarker + " parameter name=\"", invoke_close = "\n</" + kMarker + " invoke>";
-  block.lit_open = add_literals(*g, {{"\n\n<" + kMarker + " calls>\n", 0}});
-  block.lit_invoke = add_literals(*g, {{"<" + kMarker + " invoke name=\"", 0}});
+  const std::string param_open = "<" + marker + " parameter name=\"", invoke_close = "\n</" + marker + " invoke>";
+  block.lit_open = add_literals(*g, {{"\n\n<" + marker + " calls>\n", 0}});
+  block.lit_invoke = add_literals(*g, {{"<" + marker + " invoke name=\"", 0}});
   block.lit_names = add_literals(*g, names);
   block.lit_after_name = add_literals(*g, {{param_open, 0}});
   block.lit_after_name_both = add_literals(*g, {{param_open, 0}, {invoke_close, 1}});
   block.lit_after_name_close = add_literals(*g, {{invoke_close, 1}});
-  block.lit_param_close = add_literals(*g, {{"</" + kMarker + " parameter>", 0}});
+  block.lit_param_close = add_literals(*g, {{"</" + marker + " parameter>", 0}});
   block.lit_after_param = add_literals(*g, {{"\n" + param_open, 0}});
   block.lit_after_param_both = add_literals(*g, {{"\n" + param_open, 0}, {invoke_close, 1}});
   block.lit_after_param_close = add_literals(*g, {{invoke_close, 1}});
-  const std::string calls_close = "\n</" + kMarker + " calls>";
+  const std::string calls_close = "\n</" + marker + " calls>";
   block.lit_after_invoke = one_call ? add_literals(*g, {{calls_close, 1}})
-                                    : add_literals(*g, {{"\n<" + kMarker + " invoke name=\"", 0}, {calls_close, 1}});
+                                    : add_literals(*g, {{"\n<" + marker + " invoke name=\"", 0}, {calls_close, 1}});
   g->nodes.push_back(std::move(block));
   g->root = static_cast<int>(g->nodes.size()) - 1;
   return g;

@@ -1,7 +1,7 @@
 // Chunked prefill at the released window of 128 on the released per-layer widths (issue: agent-scale
 // contexts). The bench preset's widths (hidden 5120, 64 heads of 512, index 32×128, experts of 2304)
 // on four layers, one of each attention role (SWA only, Full ratio 2, Full ratio 1 and candidate
-// source, Reindex), and six experts: a 300-token prompt's window lists span several 64-row softmax
+// source, Reindex), and six experts: a 200-token prompt's window lists span several 64-row softmax
 // chunks, so a prefill in chunks shorter than the window must keep the one-shot prefill's list layout
 // to compute its bits (docs/state.md). The tiny widths test this at length (long_context_test.cpp);
 // these are the attention kernels' and the indexer's released shapes. About 1.5 GB of weights and two
@@ -60,7 +60,7 @@ TEST(BenchWidthsWindow, ChunksShorterThanTheWindowGiveTheOneShotPrefill) {
   ASSERT_EQ(c.head_dim, 512);
   ASSERT_EQ(c.index_n_heads * c.index_head_dim, 32 * 128);
   std::mt19937 rng(4);
-  std::vector<int32_t> ids(300);
+  std::vector<int32_t> ids(200);
   for (auto& t : ids) t = static_cast<int32_t>(3 + rng() % 1000);
   SequenceState one = m.new_sequence(test::pools_for(m));
   const std::vector<float> whole = m.forward(one, ids, {}).logits;

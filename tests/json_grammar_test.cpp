@@ -15,6 +15,7 @@
 #include "text/json_grammar.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
+#include "test_util.h"
 
 namespace dsv41 {
 namespace {
@@ -169,9 +170,12 @@ TEST(GrammarMask, MasksEqualTryingEveryTokenAndWalksWriteJson) {
   ASSERT_LT(end, tok.vocab_size());
   std::printf("[ vocabulary ] %s, %d tokens\n", which.c_str(), v.vocab());
   std::mt19937 rng(7);
+  // Under the sanitizers two walks per grammar: each step over the 128K-token vocabulary is their
+  // slowest loop, and two walks reach every kind of state the six do.
+  const int walks = test::kSanitized ? 2 : 6;
   int finished = 0;
   for (const auto& g : {json_schema_grammar(kPerson), json_object_grammar()}) {
-    for (int walk = 0; walk < 6; ++walk) {
+    for (int walk = 0; walk < walks; ++walk) {
       GrammarMatcher m(g);
       std::string text;
       std::vector<uint64_t> mask;
@@ -198,14 +202,15 @@ TEST(GrammarMask, MasksEqualTryingEveryTokenAndWalksWriteJson) {
         text += v.bytes(id);
       }
       if (!m.complete()) continue;
+      std::printf("[ walk ] %d ends after %zu bytes\n", walk, text.size());
       ++finished;
       const json parsed = json::parse(text, nullptr, false);
       ASSERT_FALSE(parsed.is_discarded()) << printable(text);
       EXPECT_TRUE(parsed.is_object()) << text;
     }
   }
-  std::printf("[ walks ] %d of 12 ended within 200 tokens, all JSON\n", finished);
-  EXPECT_GE(finished, 4);
+  std::printf("[ walks ] %d of %d ended within 200 tokens, all JSON\n", finished, 2 * walks);
+  EXPECT_GE(finished, walks * 2 / 3);
 }
 
 const json kTools = json::parse(R"([

@@ -2,12 +2,13 @@
 # Builds dsv41 and runs every test: the fuzz target (clang + libFuzzer, bounded time), the GoogleTest
 # suite under CTest, then the suite again under sanitizers. Warnings are errors in every build.
 #
-#   build/       Release: every test.
+#   build/       Release (the test drivers at -Og): every test.
 #   build-fuzz/  clang, libFuzzer + ASan + UBSan: the safetensors header parser for DSV41_FUZZ_SECONDS.
-#   build-asan/  GCC, -DDSV41_SANITIZE=address (ASan + LeakSanitizer + UBSan; the libraries and the dsv41
-#                binary at -O1, the test drivers at -O0): every test except those labelled `process`
-#                (the CLI and server tests, which start the dsv41 binary once per case and took 13 of
-#                the 35 core-minutes under ASan; the server's own threads are TSan's below).
+#   build-asan/  GCC, -DDSV41_SANITIZE=address (ASan + LeakSanitizer + UBSan, -g1; the libraries at -O1
+#                but the kernels and number formats at -O2, the test drivers at -O0): every test except
+#                those labelled `process` (the CLI and server tests, which start the dsv41 binary once
+#                per case and took 13 of the 35 core-minutes under ASan; the server's own threads are
+#                TSan's below), so the binary itself is not built there.
 #   build-tsan/  GCC, -DDSV41_SANITIZE=thread (TSan, same levels): the tests labelled `threads` (the
 #                engine, the HTTP server, the thread pool and the other files that start threads or
 #                resize the kernel pool; CMakeLists.txt lists them). Only their executables are built;
@@ -16,7 +17,8 @@
 # A sanitizer report stops the process with an error (ASan and UBSan halt on the first, TSan with
 # halt_on_error=1), so the test it happens in fails. The tests that check a time limit or a peak RSS
 # skip under sanitizers (DSV41_SKIP_UNDER_SANITIZERS); ServerLoad sends fewer requests there and the
-# slowest speculative sweeps take a sample (test::kSanitized).
+# slowest speculative sweeps, the structured-output samples and the grammar walks take a sample
+# (test::kSanitized).
 # Child processes (the dsv41 binary that the CLI and server tests start) are built the same way and
 # get the same options from the environment; node (the npm client test) is not instrumented.
 #

@@ -213,7 +213,7 @@ TEST(EngineSpeculative, APrefillOnlyRequestWarmsTheCache) {
   e.submit(p, collect(warm));
   wait(warm);
   EXPECT_TRUE(warm.tokens.empty());
-  EXPECT_EQ(warm.last.finish_reason, "length");
+  EXPECT_EQ(warm.last.finish_reason, FinishReason::Length);
   EXPECT_EQ(warm.last.completion_tokens, 0);
   p.max_tokens = 4;
   Collected hit;

@@ -51,7 +51,7 @@ TEST(Engine, TwoEnginesOnDifferentBackendsServeAtOnce) {
   for (uint32_t i = 0; i < 4; ++i) {
     wait(*ca[i]);
     wait(*cb[i]);
-    EXPECT_EQ(ca[i]->last.finish_reason, "length");
+    EXPECT_EQ(ca[i]->last.finish_reason, FinishReason::Length);
     ASSERT_EQ(ca[i]->tokens.size(), 10u);
     EXPECT_EQ(ca[i]->tokens, cb[i]->tokens) << "request " << i << ": scalar x1 and " << b.backend->name() << " x2";
   }
@@ -81,7 +81,7 @@ TEST(Engine, ConcurrentRequestsGetWhatTheyGetAlone) {
   for (uint32_t i = 0; i < 6; ++i) {
     wait(*cs[i]);
     EXPECT_EQ(cs[i]->tokens, alone[i]) << "request " << i;
-    EXPECT_EQ(cs[i]->last.finish_reason, "length");
+    EXPECT_EQ(cs[i]->last.finish_reason, FinishReason::Length);
     EXPECT_EQ(cs[i]->last.completion_tokens, 12);
   }
   EXPECT_GE(e.metrics().requests_finished, 6u);
@@ -127,7 +127,7 @@ TEST(Engine, ShortMemoryQueuesRequestsInsteadOfFailingThem) {
   }
   for (uint32_t i = 0; i < 5; ++i) {
     wait(*cs[i]);
-    EXPECT_EQ(cs[i]->last.finish_reason, "length") << i;
+    EXPECT_EQ(cs[i]->last.finish_reason, FinishReason::Length) << i;
     EXPECT_EQ(cs[i]->last.completion_tokens, 8) << i;
     EXPECT_EQ(cs[i]->tokens, alone[i]) << "request " << i;
   }
@@ -155,7 +155,7 @@ TEST(Engine, CancellingFreesThePages) {
   while (!first) std::this_thread::yield();
   e.cancel(id);
   wait(c);
-  EXPECT_EQ(c.last.finish_reason, "cancelled");
+  EXPECT_EQ(c.last.finish_reason, FinishReason::Cancelled);
   for (int i = 0; i < 100 && e.metrics().kv_pages_in_use != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(e.metrics().kv_pages_in_use, 0u);
   EXPECT_EQ(e.metrics().requests_cancelled, 1u);
@@ -212,14 +212,14 @@ TEST(Engine, QueuedRequestsCancelledWhileOthersArrive) {
   e.cancel(a_id);
   flood.join();
   wait(a);
-  EXPECT_EQ(a.last.finish_reason, "cancelled");
+  EXPECT_EQ(a.last.finish_reason, FinishReason::Cancelled);
   for (uint64_t id : flood_ids) e.cancel(id);  // still queued behind the long request
   while (flood_done < kFlood) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   e.cancel(busy_id);
   wait(busy);
   wait(b);
-  EXPECT_EQ(busy.last.finish_reason, "cancelled");
-  EXPECT_EQ(b.last.finish_reason, "length");
+  EXPECT_EQ(busy.last.finish_reason, FinishReason::Cancelled);
+  EXPECT_EQ(b.last.finish_reason, FinishReason::Length);
   EXPECT_EQ(e.metrics().requests_cancelled, kFlood + 2u);
 }
 
@@ -237,7 +237,7 @@ TEST(Engine, StopStringsEndGenerationBeforeThem) {
   Collected cut;
   e.submit(p, collect(cut));
   wait(cut);
-  EXPECT_EQ(cut.last.finish_reason, "stop");
+  EXPECT_EQ(cut.last.finish_reason, FinishReason::Stop);
   EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(stop)));
 }
 
@@ -329,7 +329,7 @@ TEST(Engine, PromptCacheWriteFailuresFailNoRequest) {
   e.submit(params[2], collect(*cs[2]));
   for (size_t i = 0; i < 3; ++i) {
     wait(*cs[i]);
-    EXPECT_EQ(cs[i]->last.finish_reason, "length") << i;
+    EXPECT_EQ(cs[i]->last.finish_reason, FinishReason::Length) << i;
     EXPECT_EQ(cs[i]->last.error, "") << i;
     EXPECT_EQ(cs[i]->last.error.find(folder), std::string::npos) << i;
     EXPECT_EQ(cs[i]->tokens, alone[i]) << "request " << i;
@@ -343,7 +343,7 @@ TEST(Engine, PromptCacheWriteFailuresFailNoRequest) {
   std::filesystem::remove(folder);
   e.submit(params[3], collect(*cs[3]));
   wait(*cs[3]);
-  EXPECT_EQ(cs[3]->last.finish_reason, "length");
+  EXPECT_EQ(cs[3]->last.finish_reason, FinishReason::Length);
   EXPECT_EQ(cs[3]->tokens, alone[3]);
   EXPECT_EQ(cache_files(folder), 1u);
   EXPECT_EQ(logged.count("prompt-cache writes work again"), 1u);
@@ -388,7 +388,7 @@ TEST(Engine, ABadCacheFileOnlySkipsTheCache) {
     Collected c;
     e.submit(p, collect(c));
     wait(c);
-    EXPECT_EQ(c.last.finish_reason, "length");
+    EXPECT_EQ(c.last.finish_reason, FinishReason::Length);
     EXPECT_EQ(c.tokens, cold);
     EXPECT_EQ(c.last.cached_tokens, i == 0 ? 0 : 256);  // the second from the RAM tier
   }
@@ -431,12 +431,12 @@ TEST(Engine, AFailingRequestEndsAlone) {
   wait(bad);
   wait(a);
   wait(b);
-  EXPECT_EQ(bad.last.finish_reason, "error");
+  EXPECT_EQ(bad.last.finish_reason, FinishReason::Error);
   EXPECT_FALSE(bad.last.error.empty());
   EXPECT_EQ(bad.last.error.find("connection broke"), std::string::npos);  // not the server's details
   EXPECT_EQ(logged.count("request " + std::to_string(bad_id) + " failed: the client's connection broke"), 1u);
-  EXPECT_EQ(a.last.finish_reason, "length");
-  EXPECT_EQ(b.last.finish_reason, "length");
+  EXPECT_EQ(a.last.finish_reason, FinishReason::Length);
+  EXPECT_EQ(b.last.finish_reason, FinishReason::Length);
   EXPECT_EQ(a.tokens, alone[0]);
   EXPECT_EQ(b.tokens, alone[1]);
   EXPECT_EQ(e.metrics().requests_failed, 1u);

@@ -44,7 +44,7 @@ Outcome run(Engine& e, std::vector<int32_t> prompt, std::vector<ImageInput> imag
   Collected c;
   e.submit(p, collect(c));
   wait(c);
-  EXPECT_EQ(c.last.finish_reason, "length") << c.last.error;
+  EXPECT_EQ(c.last.finish_reason, FinishReason::Length) << c.last.error;
   return {c.tokens, c.rows, c.last};
 }
 
@@ -89,7 +89,7 @@ TEST(EngineVision, SpeculativeDecodingAfterImagesKeepsTheGreedyTokens) {
   Collected c;
   e.submit(p, collect(c));
   wait(c);
-  ASSERT_EQ(c.last.finish_reason, "length") << c.last.error;
+  ASSERT_EQ(c.last.finish_reason, FinishReason::Length) << c.last.error;
   EXPECT_EQ(c.tokens, p2["greedy"]["tokens"].get<std::vector<int32_t>>());
   EXPECT_GT(c.last.report.verify_steps, 0);
 }

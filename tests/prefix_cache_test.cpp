@@ -76,9 +76,9 @@ TEST(PrefixCacheRam, ExactRestoreIsBitIdenticalAndSharesPages) {
   CacheHit hit;
   std::vector<float> cold_b = run(m, pools, nullptr, b);
   run(m, pools, &cache, a, &hit);
-  EXPECT_EQ(hit.source, "none");
+  EXPECT_EQ(hit.source, CacheSource::None);
   std::vector<float> warm_b = run(m, pools, &cache, b, &hit);
-  EXPECT_EQ(hit.source, "ram");
+  EXPECT_EQ(hit.source, CacheSource::Ram);
   EXPECT_EQ(hit.cached_tokens, 192);  // the last whole block inside the shared prefix
   EXPECT_EQ(hit.replayed_tokens, 0);
   EXPECT_EQ(warm_b, cold_b);
@@ -127,7 +127,7 @@ TEST(PrefixCacheRam, ReplayRerunsAtMostAWindow) {
   CacheHit hit;
   const std::vector<float> warm = run_teacher(m, pools, &cache, prompt, teacher, &hit);
   const std::vector<float> cold = run_teacher(m, pools, nullptr, prompt, teacher);
-  EXPECT_EQ(hit.source, "ram");
+  EXPECT_EQ(hit.source, CacheSource::Ram);
   EXPECT_EQ(hit.cached_tokens, 256);
   EXPECT_EQ(hit.replayed_tokens, m.config().window_size);
   constexpr double kMaxRelL2 = 0.33;
@@ -267,8 +267,8 @@ TEST_F(PrefixCacheDiskTier, ReplayHonoursTheTailStartInBothTiers) {
   const std::vector<float> ram = run_teacher(m, pools, writer.get(), prompt, teacher, &ram_hit, tail);
   std::unique_ptr<PrefixCache> reader = make(uint64_t{1} << 30, CacheMode::Replay);  // a new process: files only
   const std::vector<float> disk = run_teacher(m, pools, reader.get(), prompt, teacher, &disk_hit, tail);
-  ASSERT_EQ(ram_hit.source, "ram");
-  ASSERT_EQ(disk_hit.source, "disk");
+  ASSERT_EQ(ram_hit.source, CacheSource::Ram);
+  ASSERT_EQ(disk_hit.source, CacheSource::Disk);
   EXPECT_EQ(ram_hit.cached_tokens, disk_hit.cached_tokens);
   EXPECT_EQ(disk_hit.replayed_tokens, m.config().window_size);
   EXPECT_EQ(disk, ram) << "the disk tier's replay must see the tail start as the RAM tier's does";
@@ -294,11 +294,11 @@ TEST_F(PrefixCacheDiskTier, AnotherCheckpointOfTheSameConfigRestoresNothing) {
   PrefixCache reader(*other, other_pools, CacheMode::Exact, 64 << 20, folder, IndexKeysMode::Owner, {});
   CacheHit hit;
   run(*other, other_pools, &reader, prompt, &hit);
-  EXPECT_EQ(hit.source, "none") << "another checkpoint's entries must not restore";
+  EXPECT_EQ(hit.source, CacheSource::None) << "another checkpoint's entries must not restore";
   CacheHit own;
   std::unique_ptr<PrefixCache> again = make(uint64_t{1} << 30);
   run(m, pools, again.get(), prompt, &own);
-  EXPECT_EQ(own.source, "disk") << "while this model's own files still do";
+  EXPECT_EQ(own.source, CacheSource::Disk) << "while this model's own files still do";
 }
 
 // Tenants (cache_salt): a prefix is found only in the namespace that stored it, in RAM, on disk (a
@@ -322,7 +322,7 @@ TEST_F(PrefixCacheDiskTier, NamespacesShareNothingInEitherTier) {
     for (const SessionOptions* other : {&in_b, &unsalted}) {
       CacheHit hit;
       EXPECT_EQ(run(m, pools, cache, prompt, &hit, *other), cold);
-      EXPECT_EQ(hit.source, "none") << "namespace '" << other->cache_namespace << "' must not see tenant a's prefix";
+      EXPECT_EQ(hit.source, CacheSource::None) << "namespace '" << other->cache_namespace << "' must not see tenant a's prefix";
     }
   }
   // (the misses above stored b's and the unsalted prefix of `prompt` beside a's: three namespaces now)
@@ -332,8 +332,8 @@ TEST_F(PrefixCacheDiskTier, NamespacesShareNothingInEitherTier) {
   EXPECT_EQ(run(m, pools, writer.get(), prompt, &ram_hit, in_a), cold);
   EXPECT_EQ(run(m, pools, later.get(), concat(stem, ids(10, 83)), &disk_hit, in_a),
             run(m, pools, nullptr, concat(stem, ids(10, 83))));
-  EXPECT_EQ(ram_hit.source, "ram");
-  EXPECT_EQ(disk_hit.source, "disk");
+  EXPECT_EQ(ram_hit.source, CacheSource::Ram);
+  EXPECT_EQ(disk_hit.source, CacheSource::Disk);
   EXPECT_EQ(disk_hit.cached_tokens, 192);
 
   // A handed-over state restores only into its own namespace.
@@ -370,7 +370,7 @@ TEST_F(PrefixCacheDiskTier, BudgetEvictsTheLeastRecentlyUsed) {
   cache->clear_ram();
   CacheHit hit;
   run(m, pools, cache.get(), p[2], &hit);
-  EXPECT_EQ(hit.source, "disk");
+  EXPECT_EQ(hit.source, CacheSource::Disk);
   run(m, pools, cache.get(), p[5]);
   EXPECT_EQ(entries(), (std::set<std::string>{name_of(p[2]), name_of(p[4]), name_of(p[5])}));
   EXPECT_LE(entry_bytes(), budget);
@@ -400,23 +400,23 @@ TEST_F(PrefixCacheDiskTier, TheIndexFollowsItsOwnStores) {
   run(m, pools, a.get(), p);
   EXPECT_EQ(entries(), std::set<std::string>{name_of(p)});
   run(m, pools, b.get(), p, &hit);
-  EXPECT_EQ(hit.source, "none");  // written after b looked
+  EXPECT_EQ(hit.source, CacheSource::None);  // written after b looked
   a->clear_ram();
   EXPECT_EQ(run(m, pools, a.get(), p, &hit), cold);
-  EXPECT_EQ(hit.source, "disk");
+  EXPECT_EQ(hit.source, CacheSource::Disk);
   EXPECT_EQ(hit.cached_tokens, 128);
 
   fs::remove(folder + "/" + name_of(p));
   a->clear_ram();
   logged.clear();
   EXPECT_EQ(run(m, pools, a.get(), p, &hit), cold);
-  EXPECT_EQ(hit.source, "none");
+  EXPECT_EQ(hit.source, CacheSource::None);
   ASSERT_EQ(logged.size(), 1u);
   EXPECT_NE(logged[0].find("no such file"), std::string::npos) << logged[0];
   EXPECT_EQ(entries(), std::set<std::string>{name_of(p)});  // stored again by the recompute
   a->clear_ram();
   run(m, pools, a.get(), p, &hit);
-  EXPECT_EQ(hit.source, "disk");
+  EXPECT_EQ(hit.source, CacheSource::Disk);
 }
 
 TEST_F(PrefixCacheDiskTier, StaleTemporariesAreRemovedAtStart) {
@@ -471,12 +471,12 @@ TEST_F(PrefixCacheDiskTier, BadFilesAreLoggedOnceAndOnlySkipTheCache) {
   q2 = concat(q2, ids(40, 85));
   CacheHit hit;
   EXPECT_EQ(run(m, pools, cache.get(), q1, &hit), run(m, pools, nullptr, q1));
-  EXPECT_EQ(hit.source, "none");
+  EXPECT_EQ(hit.source, CacheSource::None);
   ASSERT_EQ(logged.size(), 1u);
   EXPECT_NE(logged[0].find("checksum mismatch"), std::string::npos) << logged[0];
   EXPECT_NE(logged[0].find(file), std::string::npos) << logged[0];
   run(m, pools, cache.get(), q2, &hit);
-  EXPECT_EQ(hit.source, "ram");
+  EXPECT_EQ(hit.source, CacheSource::Ram);
   EXPECT_EQ(hit.cached_tokens, 192);
   EXPECT_EQ(logged.size(), 1u);
 }

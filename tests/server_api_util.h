@@ -55,7 +55,7 @@ inline TokenEvent token_event(int32_t token, std::string text, double logprob = 
   return e;
 }
 
-inline TokenEvent done_event(const std::string& reason, int64_t prompt, int64_t completion, int64_t cached) {
+inline TokenEvent done_event(FinishReason reason, int64_t prompt, int64_t completion, int64_t cached) {
   TokenEvent e;
   e.done = true;
   e.finish_reason = reason;

@@ -172,7 +172,7 @@ TEST(MessagesOutput, ThinkingTextAndAToolCallBecomeBlocksAndNamedEvents) {
                                    {"tools", {{{"name", "get_weather"}, {"input_schema", kWeatherSchema}}}}});
   ASSERT_TRUE(req.thinking);
   MessagesBuilder b(req, "msg_t", fixed_ids());
-  TokenEvent done = done_event("stop", 9, 5, 4);
+  TokenEvent done = done_event(FinishReason::Stop, 9, 5, 4);
   done.report.cache_tokens_stored = 6;
   const std::vector<MessagesBuilder::Event> events =
       feed(b, {token_event(1, "Let me"), token_event(2, " check.</think>"), token_event(3, "Checking."),
@@ -226,17 +226,17 @@ TEST(MessagesOutput, StopReasonsAndFailures) {
     EXPECT_EQ(b.message()["content"][0]["text"], "Hello");
     return std::make_pair(b.message()["stop_reason"], b.message()["stop_sequence"]);
   };
-  EXPECT_EQ(stop_reason(done_event("length", 3, 2, 0)).first, "max_tokens");
-  TokenEvent eos = done_event("stop", 3, 2, 0);
+  EXPECT_EQ(stop_reason(done_event(FinishReason::Length, 3, 2, 0)).first, "max_tokens");
+  TokenEvent eos = done_event(FinishReason::Stop, 3, 2, 0);
   eos.stop_token = 1;
   EXPECT_EQ(stop_reason(eos).first, "end_turn");
-  TokenEvent stopped = done_event("stop", 3, 2, 0);
+  TokenEvent stopped = done_event(FinishReason::Stop, 3, 2, 0);
   stopped.stop_string = "END";
   EXPECT_EQ(stop_reason(stopped), std::make_pair(json("stop_sequence"), json("END")));
 
   req.stream = true;
   MessagesBuilder failing(req, "msg_b");
-  TokenEvent err = done_event("error", 3, 0, 0);
+  TokenEvent err = done_event(FinishReason::Error, 3, 0, 0);
   err.error = "the engine failed while running this request";
   const auto events = feed(failing, {err});
   ASSERT_TRUE(failing.failure());

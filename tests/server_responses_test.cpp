@@ -155,7 +155,7 @@ TEST(ResponsesOutput, ReasoningTextAndAToolCallBecomeItemsAndTypedEvents) {
   ResponsesBuilder b(req, "resp_t", 1700000000, fixed_ids());
   const std::vector<ResponsesBuilder::Event> events =
       feed(b, {token_event(1, "Let me"), token_event(2, " check.</think>"), token_event(3, "Checking."),
-               token_event(4, "\n\n" + dsml.substr(0, 40)), token_event(5, dsml.substr(40)), done_event("stop", 9, 5, 0)});
+               token_event(4, "\n\n" + dsml.substr(0, 40)), token_event(5, dsml.substr(40)), done_event(FinishReason::Stop, 9, 5, 0)});
   std::vector<std::string> types;
   for (size_t i = 0; i < events.size(); ++i) {
     EXPECT_EQ(events[i].data["sequence_number"], static_cast<int64_t>(i));
@@ -207,7 +207,7 @@ TEST(ResponsesOutput, ReasoningTextAndAToolCallBecomeItemsAndTypedEvents) {
 TEST(ResponsesOutput, LengthIsIncompleteAndFailuresFail) {
   ApiRequest req = responses({{"input", "Hi"}, {"thinking", false}, {"max_output_tokens", 2}});
   ResponsesBuilder plain(req, "resp_a", 1);
-  EXPECT_TRUE(feed(plain, {token_event(1, "Hel"), token_event(2, "lo"), done_event("length", 3, 2, 1)}).size() == 2);
+  EXPECT_TRUE(feed(plain, {token_event(1, "Hel"), token_event(2, "lo"), done_event(FinishReason::Length, 3, 2, 1)}).size() == 2);
   const json r = plain.response();
   EXPECT_EQ(r["status"], "incomplete");
   EXPECT_EQ(r["incomplete_details"]["reason"], "max_output_tokens");
@@ -217,7 +217,7 @@ TEST(ResponsesOutput, LengthIsIncompleteAndFailuresFail) {
 
   req.stream = true;
   ResponsesBuilder failing(req, "resp_b", 1);
-  TokenEvent err = done_event("error", 3, 0, 0);
+  TokenEvent err = done_event(FinishReason::Error, 3, 0, 0);
   err.error = "the engine failed while running this request";
   const auto events = feed(failing, {err});
   ASSERT_TRUE(failing.failure());

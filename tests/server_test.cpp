@@ -452,7 +452,7 @@ TEST(ServerResponse, PlainChatCompletion) {
   ResponseBuilder b(req, tiny_tokenizer(), "chatcmpl-x", 1700000000);
   EXPECT_TRUE(b.add(token_event(40, "Hello")).empty());
   b.add(token_event(41, " world"));
-  b.add(done_event("length", 12, 2, 0));
+  b.add(done_event(FinishReason::Length, 12, 2, 0));
   ASSERT_TRUE(b.done());
   ASSERT_FALSE(b.failure());
   const json r = b.response();
@@ -474,7 +474,7 @@ TEST(ServerResponse, StreamedChatWithReasoningAndUsage) {
   ResponseBuilder b(req, tiny_tokenizer(), "chatcmpl-s", 1);
   std::vector<json> chunks;
   for (const TokenEvent& e : {token_event(1, "Let me think"), token_event(2, "</think>"), token_event(3, "Answer"),
-                              token_event(4, "."), done_event("stop", 20, 4, 16)}) {
+                              token_event(4, "."), done_event(FinishReason::Stop, 20, 4, 16)}) {
     for (json& c : b.add(e)) chunks.push_back(std::move(c));
   }
   ASSERT_GE(chunks.size(), 4u);
@@ -521,7 +521,7 @@ TEST(ServerResponse, ToolCallFromDsmlOutputAtEveryChunking) {
       std::vector<json> chunks;
       for (json& c : b.add(token_event(1, dsml.substr(0, cut)))) chunks.push_back(std::move(c));
       for (json& c : b.add(token_event(2, dsml.substr(cut)))) chunks.push_back(std::move(c));
-      for (json& c : b.add(done_event("stop", 5, 2, 0))) chunks.push_back(std::move(c));
+      for (json& c : b.add(done_event(FinishReason::Stop, 5, 2, 0))) chunks.push_back(std::move(c));
       EXPECT_EQ(b.finish_reason(), "tool_calls");
       if (!stream) {
         const json msg = b.response()["choices"][0]["message"];
@@ -560,7 +560,7 @@ TEST(ServerResponse, ChatLogprobsInTheOpenAIShape) {
   TokenEvent e = token_event(300, tiny_tokenizer().decode({300}), -0.25);
   e.top_logprobs = {{300, -0.25}, {301, -2.0}};
   b.add(e);
-  b.add(done_event("length", 3, 1, 0));
+  b.add(done_event(FinishReason::Length, 3, 1, 0));
   const json lp = b.response()["choices"][0]["logprobs"]["content"];
   ASSERT_EQ(lp.size(), 1u);
   EXPECT_EQ(lp[0]["token"], tiny_tokenizer().decode({300}));
@@ -575,7 +575,7 @@ TEST(ServerResponse, CompletionStreamEchoAndLogprobs) {
   ResponseBuilder b(req, tiny_tokenizer(), "cmpl-1", 1);
   std::string text;
   std::vector<json> all;
-  for (const TokenEvent& e : {token_event(5, " upon"), token_event(6, " a"), done_event("length", 2, 2, 0)}) {
+  for (const TokenEvent& e : {token_event(5, " upon"), token_event(6, " a"), done_event(FinishReason::Length, 2, 2, 0)}) {
     for (json& c : b.add(e)) all.push_back(std::move(c));
   }
   for (const json& c : all) {
@@ -591,7 +591,7 @@ TEST(ServerResponse, CompletionStreamEchoAndLogprobs) {
   e.top_logprobs = {{5, -1.5}};
   lb.add(e);
   lb.add(token_event(6, "cd", -0.5));
-  lb.add(done_event("length", 2, 2, 0));
+  lb.add(done_event(FinishReason::Length, 2, 2, 0));
   const json lp = lb.response()["choices"][0]["logprobs"];
   EXPECT_EQ(lp["token_logprobs"], json::parse("[-1.5, -0.5]"));
   EXPECT_EQ(lp["text_offset"], json::parse("[0, 2]"));
@@ -603,7 +603,7 @@ TEST(ServerResponse, EngineFailureBecomesAnErrorPayload) {
   const ApiRequest req = parse_chat(chat_body({{"stream", true}}));
   ResponseBuilder b(req, tiny_tokenizer(), "c", 1);
   b.add(token_event(1, "x"));
-  TokenEvent fail = done_event("error", 3, 1, 0);
+  TokenEvent fail = done_event(FinishReason::Error, 3, 1, 0);
   fail.error = "out of memory";
   const std::vector<json> out = b.add(fail);
   ASSERT_FALSE(out.empty());
@@ -1308,7 +1308,7 @@ TEST(ServerCommand, OpenFileLimitBoundsTheConnectionsNotTheServer) {
     EXPECT_GT(metric_value(request(p.port(), "GET", "/metrics").raw, "dsv41_http_turned_away_total"), 800);
   }
   setrlimit(RLIMIT_NOFILE, &mine);
-  const test::CommandResult bad = test::run_shell("prlimit --nofile=256:256 " + std::string(DSV41_BINARY) + " serve -m '" +
+  const test::CommandResult bad = test::run_shell("prlimit --nofile=256:256 " + test::dsv41_binary() + " serve -m '" +
                                                   test::tiny_model_dir() + "' --port 0 --max-connections 2000");
   EXPECT_EQ(bad.status, 1) << bad.out;
   EXPECT_NE(bad.out.find("--max-connections: 2000 connections need more file descriptors than the limit of 256"),
@@ -1499,7 +1499,7 @@ TEST(ServerLive, ServeSpeculativeSetsTheDefault) {
 }
 
 TEST(ServerNpm, OfficialOpenAIClient) {
-  const std::filesystem::path npm_dir = std::filesystem::path(DSV41_SOURCE_DIR) / "tests" / "npm";
+  const std::filesystem::path npm_dir = std::filesystem::path(test::source_dir()) / "tests" / "npm";
   const char* require = std::getenv("DSV41_REQUIRE_NPM");
   const bool required = require != nullptr && std::string(require) == "1";
   if (!std::filesystem::exists(npm_dir / "node_modules" / "openai" / "package.json")) {
@@ -1526,7 +1526,7 @@ TEST(ServerNpm, OfficialOpenAIClient) {
 // The official @anthropic-ai/sdk client drives /v1/messages (tests/npm/anthropic_client.mjs), with
 // its key in x-api-key.
 TEST(ServerNpm, OfficialAnthropicClient) {
-  const std::filesystem::path npm_dir = std::filesystem::path(DSV41_SOURCE_DIR) / "tests" / "npm";
+  const std::filesystem::path npm_dir = std::filesystem::path(test::source_dir()) / "tests" / "npm";
   const char* require = std::getenv("DSV41_REQUIRE_NPM");
   const bool required = require != nullptr && std::string(require) == "1";
   if (!std::filesystem::exists(npm_dir / "node_modules" / "@anthropic-ai" / "sdk" / "package.json") ||

@@ -166,7 +166,7 @@ Timed run_request(Engine& e, RequestParams p, const std::function<void(size_t)>&
   });
   std::unique_lock<std::mutex> lock(mu);
   cv.wait(lock, [&] { return finished; });
-  if (t.last.finish_reason == "error") fail("bench", t.last.error);
+  if (t.last.finish_reason == FinishReason::Error) fail("bench", t.last.error);
   return t;
 }
 

@@ -207,8 +207,8 @@ int run_chat(int argc, char** argv) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fputs("\n", stdout);
     std::fflush(stdout);
-    if (last.finish_reason == "cancelled") std::fprintf(stderr, "[stopped]\n");
-    if (last.finish_reason == "error") std::fprintf(stderr, "[failed: %s]\n", last.error.c_str());
+    if (last.finish_reason == FinishReason::Cancelled) std::fprintf(stderr, "[stopped]\n");
+    if (last.finish_reason == FinishReason::Error) std::fprintf(stderr, "[failed: %s]\n", last.error.c_str());
     // The answer goes back into the history as the model's text. An image placeholder in it (a model
     // can emit the token; as text the encoder refuses it) would make every later turn unrenderable.
     std::string said = valid_utf8(out);

@@ -284,7 +284,7 @@ int run_generate(int argc, char** argv, MpiJob* job) {
     cv.wait(lock, [&] { return finished; });
   }
   const auto t_done = std::chrono::steady_clock::now();
-  if (last.finish_reason == "error") fail("generate", last.error);
+  if (last.finish_reason == FinishReason::Error) fail("generate", last.error);
   if (last.stop_token >= 0) generated.push_back(last.stop_token);
   if (!json_out) std::fputs("\n", stdout);
   // the prefill ends with the first token; without one (-n 0) the request's whole time is the prefill
@@ -308,7 +308,7 @@ int run_generate(int argc, char** argv, MpiJob* job) {
         {"peak_rss_mb", peak_rss_mb()},
         {"cached_tokens", last.cached_tokens},
         {"replayed_tokens", rep.replayed_tokens},
-        {"cache_source", rep.cache_source},
+        {"cache_source", cache_source_name(rep.cache_source)},
         {"state_bytes_per_token",
          {{"main_kv", rep.main_kv_bytes_per_token},
           {"index_keys", rep.index_key_bytes_per_token},

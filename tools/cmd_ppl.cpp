@@ -140,7 +140,7 @@ int run_ppl(int argc, char** argv) {
         if (!e.done) return;
         std::lock_guard<std::mutex> lock(mu);
         out.done = true;
-        if (e.finish_reason == "error") out.error = e.error;
+        if (e.finish_reason == FinishReason::Error) out.error = e.error;
         cv.notify_all();
       });
     }
@@ -174,7 +174,7 @@ int run_ppl(int argc, char** argv) {
         out.done = true;
         out.restored = e.cached_tokens;
         out.replayed = e.report.replayed_tokens;
-        if (e.finish_reason == "error") out.error = e.error;
+        if (e.finish_reason == FinishReason::Error) out.error = e.error;
         cv.notify_all();
       }
     });

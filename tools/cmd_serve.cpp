@@ -179,8 +179,8 @@ std::vector<uint8_t> prefill_for_peer(Engine& engine, const std::vector<int32_t>
     }
   }
   const TokenEvent e = final_event.get();
-  if (e.finish_reason == "cancelled") fail("prefill", "cancelled: this server is stopping");
-  if (e.finish_reason == "error" || !e.exported_state) fail("prefill", e.error.empty() ? "ended without a state" : e.error);
+  if (e.finish_reason == FinishReason::Cancelled) fail("prefill", "cancelled: this server is stopping");
+  if (e.finish_reason == FinishReason::Error || !e.exported_state) fail("prefill", e.error.empty() ? "ended without a state" : e.error);
   return *e.exported_state;
 }
 

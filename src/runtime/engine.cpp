@@ -32,6 +32,16 @@
 
 namespace dsv41 {
 
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Cancelled: return "cancelled";
+    case FinishReason::Error: return "error";
+  }
+  return "error";
+}
+
 namespace {
 
 // log-softmax of a logits row (temperature 1), for logprobs
@@ -126,7 +136,7 @@ struct Engine::Impl {
   void loop();
   void step();
   bool admit_locked();
-  void finish(Request& r, const std::string& reason, const std::string& error = "");
+  void finish(Request& r, FinishReason reason, const std::string& error = "");
   void fail_request(Request& r, const std::exception& e);
   bool advance(Request& r);
   bool emit(Request& r, int32_t token, const float* logits);
@@ -342,7 +352,7 @@ RequestReport report_of(const Session& session, const SpeculativeDecoder* spec) 
 
 }  // namespace
 
-void Engine::Impl::finish(Request& r, const std::string& reason, const std::string& error) {
+void Engine::Impl::finish(Request& r, FinishReason reason, const std::string& error) {
   r.finished = true;
   TokenEvent e;
   if (r.session) e.report = report_of(*r.session, r.spec.get());
@@ -352,7 +362,7 @@ void Engine::Impl::finish(Request& r, const std::string& reason, const std::stri
   e.done = true;
   e.finish_reason = reason;
   e.error = error;
-  if (reason != "cancelled" && reason != "error") e.text = r.held;  // no stop string followed
+  if (reason != FinishReason::Cancelled && reason != FinishReason::Error) e.text = r.held;  // no stop string followed
   e.prompt_tokens = static_cast<int64_t>(r.params.prompt.size());
   e.completion_tokens = r.generated;
   e.cached_tokens = r.cached_tokens;
@@ -363,9 +373,9 @@ void Engine::Impl::finish(Request& r, const std::string& reason, const std::stri
   {
     // counted before the client hears of it, so a client that reads the metrics sees its request
     std::lock_guard<std::mutex> lock(mu);
-    if (reason == "cancelled") {
+    if (reason == FinishReason::Cancelled) {
       ++stats.requests_cancelled;
-    } else if (reason == "error") {
+    } else if (reason == FinishReason::Error) {
       ++stats.requests_failed;
     } else {
       ++stats.requests_finished;
@@ -387,7 +397,7 @@ bool Engine::Impl::emit(Request& r, int32_t token, const float* logits) {
     r.held += r.decoder->flush();
     r.stop_token = token;
     if (r.params.return_logits) r.stop_logits.assign(logits, logits + V);
-    finish(r, "stop");
+    finish(r, FinishReason::Stop);
     return false;
   }
   TokenEvent e;
@@ -424,7 +434,7 @@ bool Engine::Impl::emit(Request& r, int32_t token, const float* logits) {
     e.text = r.held.substr(0, cut);
     r.held.clear();
     r.sink(e);
-    finish(r, "stop");
+    finish(r, FinishReason::Stop);
     return false;
   }
   e.text = r.held.substr(0, r.held.size() - keep);
@@ -432,7 +442,7 @@ bool Engine::Impl::emit(Request& r, int32_t token, const float* logits) {
   r.sink(e);
   if (r.generated >= r.params.max_tokens) {
     r.held += r.decoder->flush();
-    finish(r, "length");
+    finish(r, FinishReason::Length);
     return false;
   }
   return true;
@@ -466,7 +476,7 @@ void Engine::Impl::fail_request(Request& r, const std::exception& e) {
   log("request " + std::to_string(r.id) + " failed: " + e.what());
   if (r.finished) return;  // it failed after its final event (in its sink): nothing more to tell
   try {
-    finish(r, "error", client_error(e));
+    finish(r, FinishReason::Error, client_error(e));
   } catch (const std::exception&) {
     // its sink threw again: the request is finished all the same, and nobody else is involved
   }
@@ -521,7 +531,7 @@ void Engine::Impl::start(Request& r, const CacheEntry* handed) {
   r.cached_tokens = r.session->cache_hit().cached_tokens;
   if (handed == nullptr) return;
   std::lock_guard<std::mutex> lock(mu);
-  if (r.session->cache_hit().source == "peer") {
+  if (r.session->cache_hit().source == CacheSource::Peer) {
     ++stats.handovers;
     stats.handover_tokens += static_cast<uint64_t>(r.cached_tokens);
   } else {
@@ -611,7 +621,7 @@ bool Engine::Impl::advance(Request& r) {
     r.started = true;
     if (r.params.max_tokens == 0) {
       if (r.params.export_state) export_prompt_state(r);
-      finish(r, "length");
+      finish(r, FinishReason::Length);
       return false;
     }
     sample_and_emit(r, r.session->last_logits(), model->config().vocab_size);
@@ -729,7 +739,7 @@ void Engine::Impl::sample_and_emit(Request& r, const std::vector<float>& logits,
       if (!(r.allowed[i >> 6] >> (i & 63) & 1)) r.masked[i] = -INFINITY;
     }
     if (std::all_of(r.allowed.begin(), r.allowed.end(), [](uint64_t w) { return w == 0; })) {
-      finish(r, "error", "no token of the vocabulary continues the output's grammar here");
+      finish(r, FinishReason::Error, "no token of the vocabulary continues the output's grammar here");
       return;
     }
     row = r.masked.data();
@@ -782,12 +792,12 @@ void Engine::Impl::follow_grammar(Request& r, int32_t token) {
   }
   if (!r.grammar->feed(grammar_vocab->bytes(token))) {
     // not a token the mask allowed: only a grammar whose every continuation the vocabulary lacks
-    finish(r, "error", "the output left its grammar");
+    finish(r, FinishReason::Error, "the output left its grammar");
     return;
   }
   if (r.grammar->finished()) {
     r.held += r.decoder->flush();
-    finish(r, "stop");
+    finish(r, FinishReason::Stop);
   }
 }
 
@@ -814,10 +824,10 @@ void Engine::Impl::loop() {
       stats.requests_queued = queue.size();
       step_began = std::chrono::steady_clock::now();
     }
-    for (auto& r : cancelled_queued) finish(*r, "cancelled");
+    for (auto& r : cancelled_queued) finish(*r, FinishReason::Cancelled);
     for (auto& r : running) {
       if (!r->finished && std::find(cancel_now.begin(), cancel_now.end(), r->id) != cancel_now.end()) {
-        finish(*r, "cancelled");
+        finish(*r, FinishReason::Cancelled);
       }
     }
     try {
@@ -825,7 +835,7 @@ void Engine::Impl::loop() {
     } catch (const std::exception& e) {  // not tied to one request (step() attributes those itself)
       log(std::string("step failed for the whole batch: ") + e.what());
       for (auto& r : running) {
-        if (!r->finished) finish(*r, "error", client_error(e));
+        if (!r->finished) finish(*r, FinishReason::Error, client_error(e));
       }
     }
     const size_t batch = running.size();
@@ -868,9 +878,9 @@ void Engine::Impl::loop() {
   }
   // shutting down: everyone still here is told
   for (auto& r : running) {
-    if (!r->finished) finish(*r, "cancelled");
+    if (!r->finished) finish(*r, FinishReason::Cancelled);
   }
-  for (auto& r : queue) finish(*r, "cancelled");
+  for (auto& r : queue) finish(*r, FinishReason::Cancelled);
   running.clear();
   queue.clear();
 }

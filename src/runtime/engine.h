@@ -113,10 +113,15 @@ struct RequestParams {
   int32_t grammar_after = -1;
 };
 
+// Why a request ended: an end-of-sentence token, a stop string or a whole structured value (Stop),
+// max_tokens (Length), a cancellation (Cancelled), or a failure its event's `error` names (Error).
+enum class FinishReason { Stop, Length, Cancelled, Error };
+const char* finish_reason_name(FinishReason reason);  // "stop", "length", "cancelled", "error"
+
 // What a finished request did, on its final event.
 struct RequestReport {
   int64_t replayed_tokens = 0;               // re-run to rebuild windows after a replay-mode cache hit
-  std::string cache_source = "none";         // "none", "ram" or "disk"
+  CacheSource cache_source = CacheSource::None;  // cache_source_name() names it
   uint64_t cache_bytes_written = 0;          // by the prompt's store into the cache's disk tier
   int64_t cache_tokens_stored = 0;
   double main_kv_bytes_per_token = 0, index_key_bytes_per_token = 0;  // the global rows it held at the end
@@ -133,7 +138,7 @@ struct TokenEvent {
   std::vector<std::pair<int32_t, double>> top_logprobs;
   std::vector<float> logits;  // RequestParams::return_logits: the row that chose `token` (or stop_token)
   bool done = false;
-  std::string finish_reason;  // at done: "stop", "length", "cancelled" or "error"
+  FinishReason finish_reason = FinishReason::Stop;  // at done
   std::string error;
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;  // at done
   double queue_seconds = -1;  // on the first token's event: from submit until the request was admitted

@@ -138,7 +138,7 @@ CacheHit PrefixCache::restore(const std::vector<int32_t>& prompt, SequenceState&
   }
   state = std::move(st);
   hit.cached_tokens = boundary;
-  hit.source = "ram";
+  hit.source = CacheSource::Ram;
   return hit;
 }
 
@@ -191,7 +191,7 @@ bool PrefixCache::restore_entry(const std::vector<int32_t>& prompt, const std::s
   };
   const std::string why = restore_sections(prompt, *entry, best_tokens, mode_, state, tail_start, hit, images);
   if (!why.empty()) return reject(why);
-  hit.source = "disk";
+  hit.source = CacheSource::Disk;
   return true;
 }
 
@@ -238,7 +238,7 @@ CacheHit PrefixCache::restore_handed(const std::vector<int32_t>& prompt, const C
   CacheHit hit;
   const std::string why = restore_sections(prompt, entry, n, parse_cache_mode(entry.mode), state, tail_start, hit);
   if (!why.empty()) refuse(why);
-  hit.source = "peer";
+  hit.source = CacheSource::Peer;
   return hit;
 }
 

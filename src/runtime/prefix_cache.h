@@ -37,7 +37,7 @@ namespace dsv41 {
 struct CacheHit {
   int64_t cached_tokens = 0;    // prompt tokens whose state came from the cache
   int64_t replayed_tokens = 0;  // tokens re-run to rebuild windows (replay mode)
-  std::string source = "none";  // "none", "ram", "disk" or "peer" (a prefill server's handover)
+  CacheSource source = CacheSource::None;
 };
 
 struct DiskTierOptions {

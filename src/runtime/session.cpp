@@ -55,7 +55,7 @@ void Session::begin_prefill(const std::vector<int32_t>& tokens, const CacheEntry
   while (images && store_at_ > 0 && images->cut_at_or_before(store_at_) != store_at_) {
     store_at_ = cache_->store_boundary(images->cut_at_or_before(store_at_));  // a span is stored whole or not at all
   }
-  if (hit_.source == "peer" && store_at_ == hit_.cached_tokens) {
+  if (hit_.source == CacheSource::Peer && store_at_ == hit_.cached_tokens) {
     // a prefill server's state is this server's to reuse: the next turn of the conversation finds
     // its history here instead of asking for it again
     disk_bytes_ = cache_->store({keys.begin(), keys.begin() + store_at_}, state_, options_.cache_namespace);

@@ -190,7 +190,7 @@ struct Generation {
         (first_token ? c.time_to_first_token : c.inter_token_latency).observe(secs(now - (first_token ? arrived : last_token)));
         if (e.queue_seconds >= 0) c.queue_time.observe(e.queue_seconds);
       }
-      if (e.done && (e.finish_reason == "stop" || e.finish_reason == "length")) c.e2e_latency.observe(secs(now - arrived));
+      if (e.done && (e.finish_reason == FinishReason::Stop || e.finish_reason == FinishReason::Length)) c.e2e_latency.observe(secs(now - arrived));
     });
     if (e.token >= 0) first_token = false, last_token = now;
   }

@@ -127,7 +127,7 @@ std::vector<MessagesBuilder::Event> MessagesBuilder::add(const TokenEvent& e) {
     if (failure_) {
       out.push_back(event("error", {{"error", messages_error_body(*failure_)["error"]}}));
     } else {
-      stop_reason_ = e.finish_reason == "length" ? "max_tokens"
+      stop_reason_ = e.finish_reason == FinishReason::Length ? "max_tokens"
                      : !e.stop_string.empty()    ? "stop_sequence"
                      : called                    ? "tool_use"
                                                  : "end_turn";

@@ -19,10 +19,10 @@ bool is_chat(const ApiRequest& r) { return r.endpoint == Endpoint::ChatCompletio
 }  // namespace
 
 std::optional<ApiError> failure_of(const TokenEvent& done) {
-  if (done.finish_reason == "error") {
+  if (done.finish_reason == FinishReason::Error) {
     return server_error(done.error.empty() ? "the engine failed on this request" : done.error);
   }
-  if (done.finish_reason == "cancelled") {
+  if (done.finish_reason == FinishReason::Cancelled) {
     return ApiError(503, "server_error", "the request was cancelled (the server is shutting down)");
   }
   return std::nullopt;
@@ -106,7 +106,7 @@ void ResponseBuilder::finish(const TokenEvent& event) {
   cached_tokens_ = event.cached_tokens;
   failure_ = failure_of(event);
   if (!failure_) {
-    finish_reason_ = event.finish_reason;
+    finish_reason_ = finish_reason_name(event.finish_reason);
     if (is_chat(request_) && finish_reason_ == "stop" && !parser_.output().tool_calls.empty()) {
       finish_reason_ = "tool_calls";
     }

@@ -149,7 +149,7 @@ std::vector<ResponsesBuilder::Event> ResponsesBuilder::add(const TokenEvent& e) 
     completion_tokens_ = e.completion_tokens;
     cached_tokens_ = e.cached_tokens;
     failure_ = failure_of(e);
-    status_ = failure_ ? "failed" : e.finish_reason == "length" ? "incomplete" : "completed";
+    status_ = failure_ ? "failed" : e.finish_reason == FinishReason::Length ? "incomplete" : "completed";
     out.push_back(event("response." + status_, {{"response", response()}}));
   }
   if (!request_.stream) out.clear();

@@ -844,7 +844,7 @@ TEST(CliChat, TurnsReuseTheCacheAndCtrlCStopsOnlyTheAnswer) {
   // Ctrl-C during a long answer: that answer stops, the next message is answered, the exit is clean
   const std::string fifo = dir / "in", out = dir / "out";
   // (the script goes to popen's shell inside double quotes: its own $ must be escaped)
-  const std::string script = "mkfifo '" + fifo + "'; '" + std::string(DSV41_BINARY) + "' chat -m '" + test::tiny_model_dir() +
+  const std::string script = "mkfifo '" + fifo + "'; '" + test::dsv41_binary() + "' chat -m '" + test::tiny_model_dir() +
                              "' --max-tokens 3000 --ignore-eos --thinking off < '" + fifo + "' > '" + out +
                              "' 2>&1 & p=\\$!; exec 3>'" + fifo + "'; echo first >&3; while [ ! -s '" + out + "' ]; do sleep 0.05; done; "
                              "sleep 0.3; kill -INT \\$p; sleep 0.3; echo second >&3; sleep 0.8; kill -INT \\$p; sleep 0.3; "

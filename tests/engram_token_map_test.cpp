@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "text/byte_level.h"
+#include "test_paths.h"
 
 namespace dsv41 {
 namespace {
@@ -101,7 +102,7 @@ TEST(EngramTokenMapBuild, DecodesByteLevelAddedAndMissingIds) {
 }
 
 TEST(EngramTokenMapGolden, TinyDenseMatchesConfig) {
-  const std::string dir = std::string(DSV41_SOURCE_DIR) + "/tests/golden/tiny-dense/";
+  const std::string dir = test::source_dir() + "/tests/golden/tiny-dense/";
   const nlohmann::json config = load_json(dir + "config.json");
   const EngramTokenMap map = build_engram_token_map(load_json(dir + "tokenizer.json"), 512);
   EXPECT_EQ(map.size, config.at("text_config").at("engram_compressed_vocab_size").get<int64_t>());

@@ -30,7 +30,7 @@ std::string mpirun(int ranks) {
 }
 
 test::CommandResult run_mpi(int ranks, const std::string& args) {
-  return test::run_shell(mpirun(ranks) + DSV41_BINARY + " " + args + " --expert-parallel");
+  return test::run_shell(mpirun(ranks) + test::dsv41_binary() + " " + args + " --expert-parallel");
 }
 
 // The process of `rank` among mpirun's children (its environment names the rank), or -1.
@@ -129,7 +129,7 @@ TEST(ExpertParallel, ARankWithAnotherCheckpointIsRefused) {
   test::TempDir other;
   write_synthetic_checkpoint(other.path(), "tiny", 1);
   const auto generate = [](const std::string& dir) {
-    return std::string(DSV41_BINARY) + " generate -m '" + dir + "' --prompt-ids 1,2,3 -n 2 --expert-parallel";
+    return test::dsv41_binary() + " generate -m '" + dir + "' --prompt-ids 1,2,3 -n 2 --expert-parallel";
   };
   const test::CommandResult r =
       test::run_shell(mpirun(1) + generate(test::tiny_model_dir()) + " : -np 1 " + generate(other.path()));

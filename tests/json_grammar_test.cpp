@@ -131,7 +131,7 @@ TEST(JsonGrammar, UnsupportedKeywordsAreRefusedByName) {
 // tiny model's: which the tests use is said in the output.
 const Tokenizer& vocabulary_tokenizer(std::string* which) {
   static const char* path = std::getenv("DSV41_DEEPSEEK_TOKENIZER");
-  static const Tokenizer tok = Tokenizer::from_file(path != nullptr && *path ? path : DSV41_SOURCE_DIR "/models/brown-tiny/tokenizer.json");
+  static const Tokenizer tok = Tokenizer::from_file(path != nullptr && *path ? path : test::source_dir() + "/models/brown-tiny/tokenizer.json");
   *which = path != nullptr && *path ? "DeepSeek V3" : "brown-tiny";
   return tok;
 }
@@ -262,7 +262,7 @@ TEST(ToolCallGrammar, ABlockCallsOfferedToolsWithParametersThatFit) {
 // step's mask is the brute force's, and what a finished walk wrote parses as tool calls of offered
 // tools whose arguments are JSON objects with the required parameter.
 TEST(ToolCallGrammar, MasksEqualTryingEveryTokenAndWalksParseAsToolCalls) {
-  const Tokenizer tok = Tokenizer::from_file(DSV41_SOURCE_DIR "/models/brown-tiny/tokenizer.json");
+  const Tokenizer tok = Tokenizer::from_file(test::source_dir() + "/models/brown-tiny/tokenizer.json");
   const std::optional<int32_t> dsml = tok.token_id("｜DSML｜");
   ASSERT_TRUE(dsml.has_value());
   const GrammarVocabulary v(tok, tok.vocab_size(), {{*dsml, std::string(1, kDsmlMarkerByte)}});

@@ -136,7 +136,7 @@ TEST(MemoryCap, CappedRunEqualsUncappedBitForBit) {
 
   // The capped run. Its peak resident set also counts the pages of the binary and its libraries,
   // charged to the cgroup that read them first: the whole peak of a run on the tiny preset bounds that.
-  const test::CommandResult capped = test::run_shell("echo $$ > " + cgroup.path() + "/cgroup.procs && exec " + DSV41_BINARY +
+  const test::CommandResult capped = test::run_shell("echo $$ > " + cgroup.path() + "/cgroup.procs && exec " + test::dsv41_binary() +
                                               " " + args + " --dump-logits " + (dir / "capped.bin"));
   ASSERT_EQ(capped.status, 0) << "capped run: " << capped.out;
   EXPECT_EQ(cgroup.oom_kills(), 0);
@@ -181,7 +181,7 @@ TEST(MemoryCap, RamAboveTheCgroupLimitIsRefusedNamingBoth) {
   constexpr uint64_t kLimit = 96 * kMiB;
   MemoryCgroup cgroup(kLimit);
   if (!cgroup.ok()) GTEST_SKIP() << "cannot make a memory cgroup here: " << cgroup.why();
-  const std::string in_group = "echo $$ > " + cgroup.path() + "/cgroup.procs && exec timeout 60 " + std::string(DSV41_BINARY) + " ";
+  const std::string in_group = "echo $$ > " + cgroup.path() + "/cgroup.procs && exec timeout 60 " + test::dsv41_binary() + " ";
   const std::string m = " -m " + test::tiny_model_dir() + " --ram 8G";
   for (const std::string& command : {"generate" + m + " -p hi -n 1", "ppl" + m + " -f " + test::source_dir() + "/README.md --ctx 16",
                                      "serve" + m + " --port 0", "bench" + m + " --scenario decode", "chat" + m + " < /dev/null"}) {

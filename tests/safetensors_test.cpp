@@ -16,6 +16,7 @@
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "util/error.h"
+#include "test_paths.h"
 
 namespace dsv41 {
 namespace {
@@ -310,7 +311,7 @@ TEST(SafetensorsFile, ViewsPointIntoTheMappingUnaligned) {
 }
 
 TEST(SafetensorsGolden, TinyDenseCheckpoint) {
-  const std::string dir = std::string(DSV41_SOURCE_DIR) + "/tests/golden/tiny-dense";
+  const std::string dir = test::source_dir() + "/tests/golden/tiny-dense";
   Checkpoint ckpt(dir);
   EXPECT_EQ(ckpt.tensor_count(), 411u);
   EXPECT_EQ(ckpt.names().size(), 411u);
@@ -328,7 +329,7 @@ TEST(SafetensorsGolden, TinyDenseCheckpoint) {
 }
 
 TEST(SafetensorsGolden, OpensOneShardDirectly) {
-  const std::string shard = std::string(DSV41_SOURCE_DIR) + "/tests/golden/tiny-dense/model-00001-of-00002.safetensors";
+  const std::string shard = test::source_dir() + "/tests/golden/tiny-dense/model-00001-of-00002.safetensors";
   Checkpoint ckpt(shard);
   EXPECT_GT(ckpt.tensor_count(), 0u);
   EXPECT_LT(ckpt.tensor_count(), 411u);
@@ -337,7 +338,7 @@ TEST(SafetensorsGolden, OpensOneShardDirectly) {
 // tiny-sparse stores no weights of its own: its shards and index are relative links to tiny-dense's
 // identical files (tests/golden/README.md). The reader must follow them and see the same tensors.
 TEST(SafetensorsGolden, TinySparseReadsTheSharedWeightsThroughItsLinks) {
-  const fs::path golden = fs::path(DSV41_SOURCE_DIR) / "tests" / "golden";
+  const fs::path golden = fs::path(test::source_dir()) / "tests" / "golden";
   for (const char* f : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
                         "model.safetensors.index.json"}) {
     EXPECT_TRUE(fs::is_symlink(golden / "tiny-sparse" / f)) << f;

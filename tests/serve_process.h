@@ -13,6 +13,8 @@
 #include <string>
 #include <thread>
 
+#include "test_paths.h"
+
 namespace dsv41::server {
 
 // `dsv41 serve` as a child process; its first stdout line names the address. `launcher` goes before
@@ -30,7 +32,7 @@ class ServeProcess {
       dup2(out[1], STDOUT_FILENO);
       close(out[0]);
       close(out[1]);
-      const std::string cmd = launcher + (launcher.empty() ? "" : " ") + std::string(DSV41_BINARY) + " serve -m '" + model_dir + "' --port 0 " + extra_args;
+      const std::string cmd = launcher + (launcher.empty() ? "" : " ") + test::dsv41_binary() + " serve -m '" + model_dir + "' --port 0 " + extra_args;
       execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }

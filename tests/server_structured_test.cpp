@@ -56,7 +56,7 @@ struct Verdicts {
   std::vector<std::string> errors;
 };
 std::optional<Verdicts> ajv(const json& schema, const std::vector<std::string>& outputs) {
-  const std::filesystem::path npm = std::filesystem::path(DSV41_SOURCE_DIR) / "tests" / "npm";
+  const std::filesystem::path npm = std::filesystem::path(test::source_dir()) / "tests" / "npm";
   const char* require = std::getenv("DSV41_REQUIRE_NPM");
   const bool required = require != nullptr && std::string(require) == "1";
   if (!std::filesystem::exists(npm / "node_modules" / "ajv" / "package.json") ||

@@ -169,7 +169,7 @@ TEST(ServerVision, AModelWithoutATowerRefusesImages) {
 }
 
 TEST(ServerVision, OfficialOpenAIClientSendsAnImage) {
-  const std::filesystem::path npm_dir = std::filesystem::path(DSV41_SOURCE_DIR) / "tests" / "npm";
+  const std::filesystem::path npm_dir = std::filesystem::path(test::source_dir()) / "tests" / "npm";
   const char* require = std::getenv("DSV41_REQUIRE_NPM");
   const bool required = require != nullptr && std::string(require) == "1";
   if (!std::filesystem::exists(npm_dir / "node_modules" / "openai" / "package.json") ||
@@ -188,7 +188,7 @@ TEST(ServerVision, OfficialOpenAIClientSendsAnImage) {
 
 // The official @anthropic-ai/sdk client sends an image as a base64 block (tests/npm/anthropic_client.mjs).
 TEST(ServerVision, OfficialAnthropicClientSendsAnImage) {
-  const std::filesystem::path npm_dir = std::filesystem::path(DSV41_SOURCE_DIR) / "tests" / "npm";
+  const std::filesystem::path npm_dir = std::filesystem::path(test::source_dir()) / "tests" / "npm";
   const char* require = std::getenv("DSV41_REQUIRE_NPM");
   const bool required = require != nullptr && std::string(require) == "1";
   if (!std::filesystem::exists(npm_dir / "node_modules" / "@anthropic-ai" / "sdk" / "package.json") ||

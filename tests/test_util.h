@@ -18,6 +18,7 @@
 #include "runtime/sampler.h"
 #include "state/state_pools.h"
 #include "text/tiny_tokenizer.h"
+#include "test_paths.h"
 
 // Sanitizer builds (cmake -DDSV41_SANITIZE=address|thread) run several times slower and hold more
 // memory (ASan's shadow and quarantine): a test that checks a speed or a peak memory skips there with
@@ -41,7 +42,6 @@ constexpr bool kSanitized = false;
 
 // The data the tests read lives in the project (tests/golden/README.md, configs/README.md), so a
 // fresh clone needs nothing beside it.
-inline std::string source_dir() { return DSV41_SOURCE_DIR; }
 inline std::string released_config() { return source_dir() + "/configs/deepseek-v4.1-flash/config.json"; }
 inline std::string golden_dir(const std::string& name) { return source_dir() + "/tests/golden/" + name; }
 
@@ -86,7 +86,7 @@ inline CommandResult run_shell(const std::string& script) {
 // Runs the dsv41 binary with the given argument string (shell syntax).
 inline CommandResult run_dsv41(const std::string& args) {
   CommandResult r;
-  std::string cmd = std::string(DSV41_BINARY) + " " + args + " 2>&1";
+  std::string cmd = test::dsv41_binary() + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
   char buf[4096];

@@ -5,7 +5,9 @@
 
 #include <cstdlib>
 #include <random>
+#include <regex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -161,6 +163,33 @@ std::vector<uint64_t> brute_force(const GrammarVocabulary& v, const GrammarMatch
 
 // Random walks through the masks: every step's mask equals the brute force, and each walk that ends
 // writes JSON that parses and fits the schema's shape.
+// `text` with every well-formed number outside strings written as 0. RFC 8259 gives a number no range and the
+// grammar follows it, while nlohmann::json refuses one past a double's (error 406, "number
+// overflow"): a random walk writes such numbers (8675e5155490327874728131414), so the walks' JSON is
+// checked with each well-formed number as 0.
+std::string numbers_as_zero(const std::string& text) {
+  std::string out;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      in_string = escaped || c != '"';
+      escaped = !escaped && c == '\\';
+      out += c;
+    } else if (c == '-' || (c >= '0' && c <= '9')) {
+      const size_t start = i;
+      while (i + 1 < text.size() && std::string_view("+-.0123456789eE").find(text[i + 1]) != std::string_view::npos) ++i;
+      const std::string number = text.substr(start, i + 1 - start);
+      static const std::regex rfc_number(R"(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?)");
+      out += std::regex_match(number, rfc_number) ? "0" : number;  // a malformed one stays, to fail the parse
+    } else {
+      in_string = c == '"';
+      out += c;
+    }
+  }
+  return out;
+}
+
 TEST(GrammarMask, MasksEqualTryingEveryTokenAndWalksWriteJson) {
   std::string which;
   const Tokenizer& tok = vocabulary_tokenizer(&which);
@@ -204,7 +233,7 @@ TEST(GrammarMask, MasksEqualTryingEveryTokenAndWalksWriteJson) {
       if (!m.complete()) continue;
       std::printf("[ walk ] %d ends after %zu bytes\n", walk, text.size());
       ++finished;
-      const json parsed = json::parse(text, nullptr, false);
+      const json parsed = json::parse(numbers_as_zero(text), nullptr, false);
       ASSERT_FALSE(parsed.is_discarded()) << printable(text);
       EXPECT_TRUE(parsed.is_object()) << text;
     }

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/config.h"
+#include "prompt_ids.h"
 #include "test_util.h"
 
 namespace dsv41 {
@@ -21,17 +22,8 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-std::vector<int32_t> ids(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& x : v) x = static_cast<int32_t>(rng() % 1000);
-  return v;
-}
-
-std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
+using test::concat;
+using test::ids;
 
 // The disk tier through the command, as a user runs it: a new process reuses the prefix.
 class PrefixCacheDisk : public ::testing::Test {

@@ -18,6 +18,7 @@
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "state/disk_cache.h"
+#include "prompt_ids.h"
 #include "test_util.h"
 #include "util/error.h"
 
@@ -29,17 +30,8 @@ namespace fs = std::filesystem;
 
 const Model& tiny() { return test::tiny_model(); }
 
-std::vector<int32_t> ids(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& x : v) x = static_cast<int32_t>(rng() % 1000);
-  return v;
-}
-
-std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
+using test::concat;
+using test::ids;
 
 // prefill + teacher-forced steps; every logits row
 std::vector<float> run_teacher(const Model& m, StatePools& pools, PrefixCache* cache, const std::vector<int32_t>& prompt,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 
 #include "kernels/backend.h"
 #include "runtime/engine.h"
+#include "runtime/step_budget.h"
 #include "engine_util.h"
 #include "test_util.h"
 #include "util/error.h"
@@ -441,6 +443,138 @@ TEST(Engine, AFailingRequestEndsAlone) {
   EXPECT_EQ(b.tokens, alone[1]);
   EXPECT_EQ(e.metrics().requests_failed, 1u);
   EXPECT_EQ(e.metrics().requests_finished, 2u);
+}
+
+// One forward per step: while one request decodes, another's prompt runs in the same forwards, as
+// many rows a step as the step budget allows (here a budget no step meets, so the fewest rows, and
+// one every step meets, so prefill_chunk rows), and both get the tokens they get alone.
+TEST(Engine, PromptRowsJoinTheDecodersForwardsWithinTheStepBudget) {
+  EngineOptions opt;
+  opt.model_dir = test::tiny_model_dir();
+  opt.prefill_chunk = 64;
+  opt.cache_ram_bytes = 0;
+  const RequestParams stream = greedy(20, 41, 100), prompt = greedy(300, 42, 4);
+  std::vector<std::vector<int32_t>> alone;
+  {
+    Engine e(opt);
+    for (const RequestParams& p : {stream, prompt}) {
+      Collected c;
+      e.submit(p, collect(c));
+      wait(c);
+      alone.push_back(c.tokens);
+    }
+  }
+  for (const double budget_ms : {1e-6, 1e6}) {
+    opt.step_budget_ms = budget_ms;
+    Engine e(opt);
+    Collected a, b;
+    std::atomic<int> a_tokens{0};
+    e.submit(stream, [&](const TokenEvent& ev) {
+      a_tokens += ev.token >= 0;
+      collect(a)(ev);
+    });
+    while (a_tokens < 2) std::this_thread::yield();  // decoding when the prompt arrives
+    RequestParams p = prompt;
+    std::vector<int64_t> done;  // the prompt's progress after each step (on the scheduler thread)
+    p.prefill_progress = [&done](int64_t at, int64_t) { done.push_back(at); };
+    e.submit(p, collect(b));
+    wait(b);
+    const int a_at_prompt_end = a_tokens;
+    wait(a);
+    EXPECT_EQ(a.tokens, alone[0]) << budget_ms << " ms";
+    EXPECT_EQ(b.tokens, alone[1]) << budget_ms << " ms";
+    ASSERT_FALSE(done.empty());
+    EXPECT_EQ(done.back(), 300);
+    EXPECT_LT(a_at_prompt_end, 100) << "the stream decoded beside the whole prompt";
+    int64_t largest = done[0];
+    for (size_t i = 1; i < done.size(); ++i) largest = std::max(largest, done[i] - done[i - 1]);
+    EXPECT_EQ(largest, budget_ms < 1 ? 8 : 64) << budget_ms << " ms";  // StepBudgetOptions::min_rows, prefill_chunk
+    EXPECT_GE(e.metrics().mixed_forwards_total, done.size()) << budget_ms << " ms";
+  }
+}
+
+// The step budget on a fake machine where a forward costs what a decode step costs (reading the
+// weights) or what its prompt rows cost, whichever is more: the prompt rows read the same weights.
+// After a few measured steps, each step with a decoder beside a prompt stays within the budget and
+// uses most of it, also when a row's cost doubles (a prompt's context grown) part way.
+TEST(StepBudget, StepsStayWithinTheBudgetOnAFakeCostModel) {
+  const double decode = 0.02;
+  double per_row = 0.0005;
+  const auto cost = [&](int64_t prompt_rows, int64_t others) {
+    return std::max(others > 0 ? decode : 0.0, static_cast<double>(prompt_rows) * per_row) + 1e-4;
+  };
+  StepBudget b(StepBudgetOptions{0, 256, 8});
+  EXPECT_EQ(b.prompt_rows(1), 256);  // nothing measured yet: the most rows
+  EXPECT_EQ(b.budget_seconds(), 0);
+  b.observe(256, 0, cost(256, 0));  // a prompt alone
+  EXPECT_EQ(b.prompt_rows(0), 256);  // nobody decodes: the most rows
+  EXPECT_EQ(b.prompt_rows(1), 256);  // no decode step measured: no budget yet
+  for (int i = 0; i < 4; ++i) b.observe(0, 1, cost(0, 1));
+  const double budget = StepBudget::kDecodeSteps * cost(0, 1);
+  ASSERT_NEAR(b.budget_seconds(), budget, 1e-9);
+  for (int step = 0; step < 60; ++step) {
+    if (step == 30) per_row *= 2;
+    const int64_t rows = b.prompt_rows(1);
+    const double took = cost(rows, 1);
+    b.observe(rows, 1, took);
+    if (step % 30 < 10) continue;  // a few steps to learn the new cost
+    EXPECT_LE(took, budget) << "step " << step << ", " << rows << " rows";
+    EXPECT_GE(took, 0.8 * budget) << "step " << step << ", " << rows << " rows";
+  }
+  // A budget below the decode step itself: the prompt still progresses, by the fewest rows.
+  StepBudget tight(StepBudgetOptions{0.001, 256, 8});
+  for (int step = 0; step < 20; ++step) tight.observe(tight.prompt_rows(1), 1, cost(tight.prompt_rows(1), 1));
+  EXPECT_EQ(tight.prompt_rows(1), 8);
+  // The automatic budget keeps to its floor and ceiling.
+  StepBudget fast(StepBudgetOptions{}), slow(StepBudgetOptions{});
+  fast.observe(0, 1, 1e-4);
+  slow.observe(0, 1, 10.0);
+  EXPECT_EQ(fast.budget_seconds(), StepBudget::kFloorSeconds);
+  EXPECT_EQ(slow.budget_seconds(), StepBudget::kCeilingSeconds);
+  EXPECT_THROW(StepBudget(StepBudgetOptions{-1, 256, 8}), Error);
+  EXPECT_THROW(StepBudget(StepBudgetOptions{std::nan(""), 256, 8}), Error);
+  EXPECT_THROW(StepBudget(StepBudgetOptions{0, 0, 8}), Error);
+}
+
+// Under the priority policy a queued request of a lower priority is admitted first, the oldest first
+// among equals; first come, first served otherwise.
+TEST(Engine, PriorityOrdersTheQueue) {
+  for (const SchedulingPolicy policy : {SchedulingPolicy::Fcfs, SchedulingPolicy::Priority}) {
+    EngineOptions opt;
+    opt.model_dir = test::tiny_model_dir();
+    opt.parallel = 1;
+    opt.scheduling = policy;
+    Engine e(opt);
+    std::atomic<bool> queued{false};
+    Collected blocker;
+    // the running request holds the scheduler at its first token until the others wait in the queue
+    e.submit(greedy(20, 50, 4), [&](const TokenEvent& ev) {
+      while (!queued) std::this_thread::yield();
+      collect(blocker)(ev);
+    });
+    std::mutex mu;
+    std::vector<int> finished;  // the queued requests' indexes, in the order they ended
+    const std::vector<int64_t> priorities = {5, 1, 3, 1};
+    std::vector<std::unique_ptr<Collected>> cs;
+    for (size_t i = 0; i < priorities.size(); ++i) {
+      RequestParams p = greedy(12, 51 + static_cast<uint32_t>(i), 2);
+      p.priority = priorities[i];
+      cs.push_back(std::make_unique<Collected>());
+      e.submit(p, [&, i](const TokenEvent& ev) {
+        if (ev.done) {
+          std::lock_guard<std::mutex> lock(mu);
+          finished.push_back(static_cast<int>(i));
+        }
+        collect(*cs[i])(ev);
+      });
+    }
+    queued = true;
+    wait(blocker);
+    for (auto& c : cs) wait(*c);
+    const std::vector<int> want = policy == SchedulingPolicy::Priority ? std::vector<int>{1, 3, 2, 0} : std::vector<int>{0, 1, 2, 3};
+    EXPECT_EQ(finished, want);
+    EXPECT_EQ(e.scheduling(), policy);
+  }
 }
 
 TEST(Engine, BadRequestsAreRefusedAtSubmit) {

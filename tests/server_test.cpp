@@ -361,6 +361,22 @@ TEST(ServerApi, SequenceOptionsReachTheEngineRequest) {
   }
   // a model without DSpark blocks cannot speculate
   expect_error([] { parse_chat(chat_body({{"speculative", "dspark"}})); }, 400, "speculative");
+  // a priority orders requests only where the server schedules by it; 0 is every server's
+  EXPECT_EQ(parse({{"priority", 0}}).params.priority, 0);
+  expect_error([&] { parse({{"priority", 2}}); }, 400, "priority");
+  ModelInfo by_priority = with_drafter;
+  by_priority.priority_scheduling = true;
+  const auto parse_prioritized = [&](const json& extra) {
+    json body = {{"prompt", "hi"}};
+    body.update(extra);
+    return parse_request(Endpoint::Completions, body.dump(), by_priority);
+  };
+  EXPECT_EQ(parse_prioritized({{"priority", -7}}).params.priority, -7);
+  EXPECT_EQ(parse_prioritized(json::object()).params.priority, 0);
+  for (const json& bad : {json("1"), json(1.5), json(true), json::array()}) {
+    SCOPED_TRACE(bad.dump());
+    expect_error([&] { parse_prioritized({{"priority", bad}}); }, 400, "priority");
+  }
 }
 
 TEST(ServerApi, ThinkingKnobsAndToolsShapeThePrompt) {

@@ -59,7 +59,13 @@ constexpr const char* kHelp = R"(usage: dsv41 serve -m DIR [options]
       --ram SIZE             memory budget the model's load follows, e.g. 16G (default: the available RAM, or
                              the memory cgroup's limit when lower; above that limit it is refused;
                              `dsv41 plan` shows the plan)
-      --prefill-chunk N      prompt tokens one sequence prefills per step (default 256)
+      --prefill-chunk N      prompt tokens a step runs at most (default 256): the activations' bound
+      --scheduling-policy P  fcfs (default): requests run in the order they came; priority: a request's
+                             "priority" (an integer, lower first; vLLM's meaning) orders admission and the
+                             prompt rows of a step, the oldest first among equals
+      --step-budget-ms MS    while sequences decode, a step runs only the prompt rows that keep it within
+                             this time, so their tokens keep coming while long prompts are read (default
+                             0: three measured decode steps, at least 25 ms and at most 1 s)
       --engram T             mmap (default), ram or pread
       --speculative M        dspark or off (default): speculative decoding for requests that do not
                              choose ("speculative": "dspark" | "off" in the body)
@@ -194,8 +200,8 @@ int run_serve(int argc, char** argv, MpiJob* job) {
   }
   Args args("serve", argc, argv,
             {"--model", "--host", "--port", "--parallel", "--kv-budget-mb", "--prompt-cache", "--cache-mode",
-             "--cache-ram-mb", "--prefill-chunk", "--engram", "--ram", "--threads", "--thinking", "--default-max-tokens",
-             "--served-model-name", "--api-key", "--api-key-file", "--cors-origins", "--max-connections", "--prompt-cache-disk-mb",
+             "--cache-ram-mb", "--prefill-chunk", "--step-budget-ms", "--scheduling-policy", "--engram", "--ram", "--threads", "--thinking",
+             "--default-max-tokens", "--served-model-name", "--api-key", "--api-key-file", "--cors-origins", "--max-connections", "--prompt-cache-disk-mb",
              "--request-timeout", "--header-timeout", "--body-timeout", "--speculative", "--draft-length",
              "--max-client-connections", "--bodies-in-flight-mb", "--shutdown-grace", "--stall-timeout",
              "--role", "--prefill-peer", "--handover", "--handover-listen", "--handover-timeout", "--max-images",
@@ -216,6 +222,10 @@ int run_serve(int argc, char** argv, MpiJob* job) {
   eo.cache_mode = parse_cache_mode(args.get("--cache-mode", "exact"));
   eo.cache_ram_bytes = static_cast<uint64_t>(args.get_int("--cache-ram-mb", 256, 0, int64_t{1} << 24)) << 20;
   eo.prefill_chunk = args.get_int("--prefill-chunk", 256, 1, 1 << 20);
+  eo.step_budget_ms = args.get_number("--step-budget-ms", 0);
+  const std::string policy = args.get("--scheduling-policy", "fcfs");
+  if (policy != "fcfs" && policy != "priority") fail("--scheduling-policy", "must be fcfs or priority, got \"" + policy + "\"");
+  eo.scheduling = policy == "priority" ? SchedulingPolicy::Priority : SchedulingPolicy::Fcfs;
   eo.engram = parse_engram_tier(args.get("--engram", "mmap"));
   eo.ram_bytes = ram_flag(args);
   const std::chrono::seconds rank_timeout = rank_timeout_flag(args);

@@ -23,6 +23,7 @@
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "runtime/speculative.h"
+#include "runtime/step_budget.h"
 #include "state/disk_cache.h"
 #include "state/sequence_snapshot.h"
 #include "state/state_graph.h"
@@ -132,13 +133,16 @@ struct Engine::Impl {
   // a new sequence starts with it, so where drafts do not pay each sequence does not pay for a
   // window of verifications to find out again (AcceptanceGuardOptions::start_paused).
   int guard_start_pause = 0;
+  StepBudget step_budget{StepBudgetOptions{}};  // how many prompt rows a step runs beside the decoders
 
   void loop();
   void step();
   bool admit_locked();
   void finish(Request& r, FinishReason reason, const std::string& error = "");
   void fail_request(Request& r, const std::exception& e);
-  bool advance(Request& r);
+  enum class Stage { Waiting, Prefilling, Decoding };
+  Stage prepare(Request& r);
+  void first_token(Request& r);
   bool emit(Request& r, int32_t token, const float* logits);
   void sample_and_emit(Request& r, const std::vector<float>& logits, int64_t vocab);
   void follow_grammar(Request& r, int32_t token);
@@ -157,6 +161,12 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
                       : [](const std::string& line) { std::fprintf(stderr, "dsv41 engine: %s\n", line.c_str()); };
   if (options.parallel < 1) fail("--parallel", "must be at least 1");
   if (options.prefill_chunk < 1) fail("prefill chunk", "must be at least 1");
+  if (!(options.step_budget_ms >= 0) || !std::isfinite(options.step_budget_ms))
+    fail("--step-budget-ms", "must be a number of milliseconds, at least 0 (0: automatic)");
+  StepBudgetOptions budget;
+  budget.budget_seconds = options.step_budget_ms / 1e3;
+  budget.max_rows = options.prefill_chunk;
+  m.step_budget = StepBudget(budget);
   uint64_t cache_ram_bytes = options.cache_ram_bytes;
   if (options.model) {
     m.model = options.model;
@@ -237,6 +247,7 @@ std::string Engine::model_name() const {
 
 int Engine::draft_block_size() const { return impl_->drafter ? impl_->drafter->block_size() : 0; }
 bool Engine::sees_images() const { return impl_->model->weights().vision != nullptr; }
+SchedulingPolicy Engine::scheduling() const { return impl_->opt.scheduling; }
 
 int64_t Engine::prompt_length(const std::vector<int32_t>& prompt, const std::vector<ImageInput>& images) const {
   std::vector<int32_t> expanded = prompt;
@@ -453,6 +464,12 @@ bool Engine::Impl::admit_locked() {
   // case, must fit the budget (pages the prefix cache holds count as in use)
   bool admitted = false;
   while (!queue.empty() && running.size() < static_cast<size_t>(opt.parallel)) {
+    if (opt.scheduling == SchedulingPolicy::Priority) {  // the first among the lowest priority goes first
+      const auto first = std::min_element(queue.begin(), queue.end(), [](const auto& a, const auto& b) {
+        return a->params.priority < b->params.priority;
+      });
+      std::rotate(queue.begin(), first, first + 1);
+    }
     Request& r = *queue.front();
     const uint64_t need = static_cast<uint64_t>(
         static_cast<double>(static_cast<int64_t>(r.params.prompt.size()) + r.params.max_tokens + kTokensPerPage) *
@@ -583,11 +600,12 @@ void Engine::Impl::export_prompt_state(Request& r) {
   r.exported = std::make_shared<const std::vector<uint8_t>>(encode_cache_entry(e, "the prompt's state"));
 }
 
-// One request's part of a step outside the decode batch: its cache restore and prefill chunks, then
-// its first token. Returns true when it is ready to join the decode batch.
-bool Engine::Impl::advance(Request& r) {
+// One request's part of a step before the step's forward: its handover and cache restore when it
+// starts, then where it stands. A request whose prompt the cache or a prefill server supplied whole
+// takes its first token from the restored logits here.
+Engine::Impl::Stage Engine::Impl::prepare(Request& r) {
   if (!r.session && opt.prefill_peer) {
-    if (!await_handover(r)) return false;
+    if (!await_handover(r)) return Stage::Waiting;
     std::optional<CacheEntry> entry;
     if (r.handover.valid()) {
       std::string why;
@@ -610,24 +628,23 @@ bool Engine::Impl::advance(Request& r) {
     start(r, entry ? &*entry : nullptr);
   }
   if (!r.session) start(r);
-  if (r.session->prefill_pending()) {
-    r.session->prefill_step(opt.prefill_chunk);
-    if (r.params.prefill_progress) {
-      r.params.prefill_progress(r.session->position(), static_cast<int64_t>(r.params.prompt.size()));
-    }
-    if (r.session->prefill_pending()) return false;
+  if (r.session->prefill_pending()) return Stage::Prefilling;
+  if (!r.started) {
+    first_token(r);
+    return Stage::Waiting;
   }
-  if (!r.started) {  // the first token comes from the prefill's logits
-    r.started = true;
-    if (r.params.max_tokens == 0) {
-      if (r.params.export_state) export_prompt_state(r);
-      finish(r, FinishReason::Length);
-      return false;
-    }
-    sample_and_emit(r, r.session->last_logits(), model->config().vocab_size);
-    return false;
+  return Stage::Decoding;
+}
+
+// After the prompt: the first token comes from the prefill's logits (a prefill-only request ends).
+void Engine::Impl::first_token(Request& r) {
+  r.started = true;
+  if (r.params.max_tokens == 0) {
+    if (r.params.export_state) export_prompt_state(r);
+    finish(r, FinishReason::Length);
+    return;
   }
-  return true;
+  sample_and_emit(r, r.session->last_logits(), model->config().vocab_size);
 }
 
 void Engine::Impl::count_speculation(const SpeculativeStats& before, const SpeculativeStats& after) {
@@ -644,17 +661,23 @@ void Engine::Impl::count_speculation(const SpeculativeStats& before, const Specu
 
 void Engine::Impl::step() {
   const int64_t V = model->config().vocab_size;
-  // prefill chunks first, one sequence at a time; every sequence ready to decode then runs in one
-  // batched forward (every weight-streaming part, the experts included, reads its weights once for
-  // all): plain sequences with their newest token, speculating ones with it and their drafts.
-  // What fails for one request (its prefill, a state it cannot restore, its sink) ends that request
-  // alone; prompt-cache disk problems never get here (the cache skips or recomputes instead).
-  std::vector<Request*> decoding;
+  // One forward per step: the prompt chunks of the sequences still prefilling and the rows of every
+  // sequence ready to decode (plain ones with their newest token, speculating ones with it and their
+  // drafts) run together, so every weight-streaming part, the experts included, reads its weights
+  // once for all of them; row by row each computes what it would alone. While some sequence decodes,
+  // the prompt rows are what the step budget allows, so its tokens keep coming; with nobody decoding,
+  // a prompt runs prefill_chunk rows a step. The prompts share those rows in the order of admission
+  // (under the priority policy, the lowest priority first).
+  // What fails for one request before the forward (its cache restore, its drafting, its sink) ends
+  // that request alone; prompt-cache disk problems never get here (the cache skips or recomputes).
+  std::vector<Request*> prefilling, decoding;
   for (auto& rp : running) {
     Request& r = *rp;
     if (r.finished) continue;
     try {
-      if (advance(r)) decoding.push_back(&r);
+      const Stage stage = prepare(r);
+      if (stage == Stage::Prefilling) prefilling.push_back(&r);
+      if (stage == Stage::Decoding) decoding.push_back(&r);
     } catch (const std::exception& e) {
       fail_request(r, e);
     }
@@ -662,8 +685,9 @@ void Engine::Impl::step() {
   std::vector<Request*> planned;
   std::vector<Session*> sessions;
   std::vector<SpeculativeStats> before(decoding.size());
-  for (size_t i = 0; i < decoding.size(); ++i) {
-    Request& r = *decoding[i];
+  int64_t other_rows = 0;
+  for (Request* rp : decoding) {
+    Request& r = *rp;
     try {
       if (r.spec) {
         // drafts only where every token they could yield is still wanted: the sequence never runs
@@ -680,12 +704,32 @@ void Engine::Impl::step() {
       fail_request(r, e);
     }
   }
+  const size_t decoders = planned.size();
+  if (opt.scheduling == SchedulingPolicy::Priority) {  // running holds them in order of admission
+    std::stable_sort(prefilling.begin(), prefilling.end(),
+                     [](const Request* a, const Request* b) { return a->params.priority < b->params.priority; });
+  }
+  for (Session* session : sessions) other_rows += session->planned_rows();
+  int64_t prompt_rows = 0;
+  const int64_t allowed_rows = step_budget.prompt_rows(other_rows);
+  for (Request* rp : prefilling) {
+    if (prompt_rows >= allowed_rows) break;
+    Request& r = *rp;
+    try {
+      prompt_rows += r.session->plan_prefill(allowed_rows - prompt_rows);
+      planned.push_back(&r);
+      sessions.push_back(r.session.get());
+    } catch (const std::exception& e) {
+      fail_request(r, e);
+    }
+  }
   if (planned.empty()) return;
   // The plain constrained sequences' masks depend only on the tokens they have: computed on a thread
   // of their own while the forward runs, so they add nothing to the step. (A verification's depend on
   // the drafts it accepts: computed after it.)
   std::vector<Request*> masking;
-  for (Request* r : planned) {
+  for (size_t i = 0; i < decoders; ++i) {
+    Request* r = planned[i];
     if (r->grammar && r->constrained && !r->spec) masking.push_back(r);
   }
   std::future<void> masks;
@@ -697,6 +741,7 @@ void Engine::Impl::step() {
       }
     });
   }
+  const auto began = std::chrono::steady_clock::now();
   try {
     Session::run_planned(sessions);
   } catch (const std::exception& e) {  // one forward for the whole batch: it fails the batch, nobody else
@@ -704,12 +749,26 @@ void Engine::Impl::step() {
     for (Request* r : planned) fail_request(*r, e);
     return;
   }
+  step_budget.observe(prompt_rows, other_rows, std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
   if (masks.valid()) masks.get();
   {
     std::lock_guard<std::mutex> lock(mu);
-    ++stats.decode_forwards_total;
+    if (decoders > 0) ++stats.decode_forwards_total;
+    if (decoders > 0 && prompt_rows > 0) ++stats.mixed_forwards_total;
+    stats.step_budget_seconds = step_budget.budget_seconds();
   }
-  for (size_t i = 0; i < planned.size(); ++i) {
+  for (size_t i = decoders; i < planned.size(); ++i) {
+    Request& r = *planned[i];
+    try {
+      if (r.params.prefill_progress) {
+        r.params.prefill_progress(r.session->position(), static_cast<int64_t>(r.params.prompt.size()));
+      }
+      if (!r.session->prefill_pending()) first_token(r);
+    } catch (const std::exception& e) {
+      fail_request(r, e);
+    }
+  }
+  for (size_t i = 0; i < decoders; ++i) {
     Request& r = *planned[i];
     try {
       if (!r.spec) {

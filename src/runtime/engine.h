@@ -1,7 +1,8 @@
 // The engine the server talks to: requests in, token events out. It owns the model, the tokenizer,
 // the KV pages and the prefix cache, and one scheduler thread that alone decides what runs each step
-// (continuous batching: new requests join running ones between steps; long prompts are prefilled in
-// chunks interleaved with other requests' decodes; requests wait in a queue while KV pages are short).
+// (continuous batching: new requests join running ones between steps; each step is one forward in
+// which prompt chunks run beside the other requests' decodes, as many prompt rows as keep the step
+// within its time budget; requests wait in a queue while KV pages are short).
 // Nothing here exposes a tensor.
 #pragma once
 
@@ -31,10 +32,20 @@ class PrefillPeer;  // runtime/prefill_peer.h: a prefill server (serve --role de
 class KvEventSink;  // runtime/kv_events.h: a publisher of the prompt cache's KV events
 struct Grammar;     // text/json_grammar.h: what a constrained output must be
 
+// Which queued request is admitted first, and whose prompt rows come first in a step: the oldest
+// (Fcfs), or the one of the lowest RequestParams::priority, the oldest among equals (Priority, vLLM's
+// meaning).
+enum class SchedulingPolicy { Fcfs, Priority };
+
 struct EngineOptions {
   std::string model_dir;
   int parallel = 4;                          // sequences running at once; more requests wait in a queue
-  int64_t prefill_chunk = 256;               // prompt tokens one sequence may run per step
+  int64_t prefill_chunk = 256;               // prompt tokens a step may run (the activations' bound)
+  // While sequences decode, a step runs only the prompt rows that keep it within this many ms
+  // (runtime/step_budget.h); 0: StepBudget::kDecodeSteps measured decode steps, within its floor
+  // and ceiling.
+  double step_budget_ms = 0;
+  SchedulingPolicy scheduling = SchedulingPolicy::Fcfs;
   uint64_t kv_budget_bytes = uint64_t{1} << 30;  // global KV pages (admission control)
   std::string prompt_cache_dir;              // empty: RAM tier only
   uint64_t prompt_cache_disk_bytes = kDefaultPromptCacheDiskBytes;  // the folder's files; LRU past it
@@ -77,6 +88,7 @@ struct RequestParams {
   // the expanded prompt) and runs the vision tower when the request starts.
   std::vector<ImageInput> images;
   int64_t max_tokens = 16;                   // 0: prefill only (the prompt's state, e.g. into the cache)
+  int64_t priority = 0;                      // SchedulingPolicy::Priority: lower runs first
   SamplingParams sampling;
   std::vector<std::string> stop;             // stop strings: generation ends before any of them
   bool ignore_eos = false;
@@ -161,6 +173,8 @@ struct EngineMetrics {
   // stopped answering) shows here, where a server's watchdog reads it.
   double step_running_seconds = 0;
   uint64_t decode_forwards_total = 0;  // batched decode forwards: every ready sequence's rows in one
+  uint64_t mixed_forwards_total = 0;   // of those, the ones that also ran prompt rows
+  double step_budget_seconds = 0;      // the step budget in force (0: not yet measured)
   uint64_t kv_pages_in_use = 0;
   uint64_t cache_pages_in_use = 0;  // of those, held by the prefix cache for later requests
   uint64_t prompt_cache_ram_blocks = 0;  // the 64-token blocks the prefix cache's RAM tier holds
@@ -198,6 +212,7 @@ class Engine {
   std::string model_name() const;  // the model folder's name
   int draft_block_size() const;    // DSpark's drafts per step; 0: the model has no drafter
   bool sees_images() const;        // the checkpoint carries a vision tower (RequestParams::images)
+  SchedulingPolicy scheduling() const;  // whether RequestParams::priority orders requests
 
   // Queues a request; throws Error for a request that can never run (empty prompt, prompt plus
   // max_tokens over the context, a token outside the vocabulary, bad sampling values, speculation

@@ -1,6 +1,7 @@
 #include "runtime/session.h"
 
 #include <algorithm>
+#include <exception>
 
 #include "util/error.h"
 
@@ -72,25 +73,38 @@ void Session::begin_prefill(const std::vector<int32_t>& tokens, const CacheEntry
 
 int64_t Session::prefill_step(int64_t max_tokens) {
   if (!prefill_pending()) return 0;
+  const int64_t n = plan_prefill(max_tokens);
+  run_planned({this});
+  return n;
+}
+
+int64_t Session::plan_prefill(int64_t max_tokens) {
+  if (!prefill_pending()) fail("prefill", "no prompt is pending");
+  if (planned_ != Planned::None && planned_ != Planned::Verified) fail("prefill", "another step is planned and not yet run");
   const int64_t n = static_cast<int64_t>(pending_.size()), done = pending_done_;
   int64_t end = std::min(n, done + std::max<int64_t>(max_tokens, 1));
   if (done < store_at_ && store_at_ < end) end = store_at_;
-  ForwardOptions opt = pending_opt_;
+  planned_prefill_ = pending_opt_;
   if (pending_images_) {
     // a span is prefilled in one piece: the chunk stops before it, or takes all of it
     const int64_t before = pending_images_->cut_at_or_before(end);
     end = before > done ? before : pending_images_->cut_at_or_after(end);
-    opt.spans = pending_images_->slice(done, end);
+    planned_prefill_.spans = pending_images_->slice(done, end);
   }
-  ForwardResult r = model_.forward(state_, {pending_.begin() + done, pending_.begin() + end}, opt);
-  if (observer_) observer_(state_, r, pending_origin_ + done, end - done);
+  planned_ = Planned::Prefill;
+  planned_tokens_.assign(pending_.begin() + done, pending_.begin() + end);
+  return end - done;
+}
+
+void Session::finish_prefill_chunk() {
+  const int64_t done = pending_done_, end = done + static_cast<int64_t>(planned_tokens_.size());
+  if (observer_) observer_(state_, result_, pending_origin_ + done, end - done);
   pending_done_ = end;
-  if (end == n) last_logits_ = std::move(r.logits);
+  if (end == static_cast<int64_t>(pending_.size())) last_logits_ = std::move(result_.logits);
   if (end == store_at_ && store_at_ > hit_.cached_tokens) {
     disk_bytes_ = cache_->store({pending_keys_.begin(), pending_keys_.begin() + store_at_}, state_, options_.cache_namespace);
     stored_tokens_ = store_at_;
   }
-  return end - done;
 }
 
 std::vector<float> Session::prefill(const std::vector<int32_t>& tokens,
@@ -143,8 +157,13 @@ void Session::run_planned(const std::vector<Session*>& sessions) {
   if (sessions.empty()) return;
   std::vector<ForwardCall> calls;
   for (Session* s : sessions) {
-    if (s->planned_ != Planned::Decode && s->planned_ != Planned::Verify) fail("session", "nothing planned to run");
+    if (s->planned_ != Planned::Decode && s->planned_ != Planned::Verify && s->planned_ != Planned::Prefill)
+      fail("session", "nothing planned to run");
     if (&s->model_ != &sessions[0]->model_) fail("session", "sessions of different models cannot share a forward");
+    if (s->planned_ == Planned::Prefill) {
+      calls.push_back({&s->state_, s->planned_tokens_, s->planned_prefill_});
+      continue;
+    }
     ForwardOptions opt;
     opt.index_keys = s->options_.index_keys;
     opt.dspark_taps = s->observer_ && s->planned_observe_ != Observe::No;
@@ -163,17 +182,26 @@ void Session::run_planned(const std::vector<Session*>& sessions) {
     for (Session* s : sessions) s->planned_ = Planned::None;
     throw;
   }
+  // every session takes its result, even when an observer or a store fails for one of them; the
+  // first failure is then thrown, as the forward's would be
+  std::exception_ptr failed;
   for (size_t i = 0; i < sessions.size(); ++i) {
     Session& s = *sessions[i];
     s.result_ = std::move(results[i]);
-    if (s.planned_ == Planned::Decode) {
-      s.history_.push_back(s.planned_tokens_[0]);
-      if (s.observer_) s.observe_step();
-      s.planned_ = Planned::None;
-    } else {
-      s.planned_ = Planned::Verified;
+    const Planned planned = s.planned_;
+    s.planned_ = planned == Planned::Verify ? Planned::Verified : Planned::None;
+    try {
+      if (planned == Planned::Prefill) {
+        s.finish_prefill_chunk();
+      } else if (planned == Planned::Decode) {
+        s.history_.push_back(s.planned_tokens_[0]);
+        if (s.observer_) s.observe_step();
+      }
+    } catch (...) {
+      if (!failed) failed = std::current_exception();
     }
   }
+  if (failed) std::rethrow_exception(failed);
 }
 
 void Session::observe_step() {

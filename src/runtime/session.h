@@ -69,12 +69,18 @@ class Session {
   //    hands them to the observer in one call, and Observe::No leaves the observer out, taps and all;
   //  - plan_verify(run): runs `run` (the newest token, then drafts) with every row's logits, keeping
   //    a checkpoint; keep_verified(n) then keeps run[0..n) and rolls every kind of state back to
-  //    exactly what running only those would have left.
+  //    exactly what running only those would have left;
+  //  - plan_prefill(max_tokens): the pending prompt's next chunk of at most max_tokens (an image
+  //    span whole, a chunk ending at the cache's store boundary), returning its length: what
+  //    prefill_step runs alone. Its rows compute what they compute alone (Model::forward's promise),
+  //    so a scheduler may run a prompt's chunk in the same forward as other sequences' decodes.
   enum class Observe { Now, Later, No };
   void plan_decode(int32_t token, Observe observe = Observe::Now);
   void plan_verify(std::vector<int32_t> run);
+  int64_t plan_prefill(int64_t max_tokens);
   static void run_planned(const std::vector<Session*>& sessions);
   const ForwardResult& planned_result() const { return result_; }
+  int64_t planned_rows() const { return planned_ == Planned::None ? 0 : static_cast<int64_t>(planned_tokens_.size()); }
   void keep_verified(int64_t n);
   // Hands the taps kept by Observe::Later steps to the observer, as one run of rows: a drafter that
   // resumes after a pause then projects its window in one batch instead of one call a step (the
@@ -103,8 +109,10 @@ class Session {
   Observer observer_;
   std::vector<int32_t> history_;
   // the planned step (plan_decode / plan_verify), its result and the verification's checkpoint
-  enum class Planned { None, Decode, Verify, Verified } planned_ = Planned::None;
+  enum class Planned { None, Decode, Verify, Verified, Prefill } planned_ = Planned::None;
   std::vector<int32_t> planned_tokens_;
+  ForwardOptions planned_prefill_;  // the planned prefill chunk's options (its image spans)
+  void finish_prefill_chunk();      // after a planned prefill chunk ran: observer, logits, store
   Observe planned_observe_ = Observe::Now;
   void observe_step();       // after a planned decode, as planned_observe_ says
   int64_t tap_width() const;  // floats of taps per row

@@ -246,6 +246,7 @@ struct HttpServer::Impl {
     info.test_hooks = options.test_hooks;
     info.default_max_tokens = options.default_max_tokens;
     info.draft_block_size = engine.draft_block_size();
+    info.priority_scheduling = engine.scheduling() == SchedulingPolicy::Priority;
     info.vision = engine.sees_images() ? &engine.config().vision : nullptr;
     info.images = options.images;
     policy.api_key = options.api_key;

@@ -297,7 +297,7 @@ ApiRequest parse_messages_request(std::string_view text, const ModelInfo& model,
   ojson chat = ojson::object();
   // the chat route reads these as they are
   for (const char* key : {"model", "stream", "temperature", "top_p", "top_k", "max_tokens", "seed", "ignore_eos",
-                          "cache_salt", "speculative", "draft_length", "acceptance_guard", "prefill_mode", "dsv41_forced_output"}) {
+                          "cache_salt", "speculative", "draft_length", "acceptance_guard", "prefill_mode", "priority", "dsv41_forced_output"}) {
     if (counting && std::string_view(key) == "max_tokens") continue;
     if (const ojson* v = field(body, key)) chat[key] = *v;
   }

@@ -346,6 +346,13 @@ void parse_max_tokens(const ojson& body, const ModelInfo& model, ApiRequest& req
 
 // dsv41's sequence options (extension fields, as vLLM takes its own beside OpenAI's).
 void parse_sequence_options(const ojson& body, const ModelInfo& model, ApiRequest& req) {
+  if (const ojson* v = field(body, "priority")) {  // vLLM's: lower runs first
+    req.params.priority = require_integer(*v, "priority");
+    if (req.params.priority != 0 && !model.priority_scheduling) {
+      throw invalid_request("priority", "priority must be 0: this server schedules first come, first served "
+                                        "(serve --scheduling-policy priority orders requests by it)");
+    }
+  }
   if (const ojson* v = field(body, "speculative")) {
     const std::string name = v->is_string() ? v->get<std::string>() : "";
     if (name != "dspark" && name != "off") {

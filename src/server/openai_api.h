@@ -59,6 +59,8 @@ struct ModelInfo {
   int draft_block_size = 0;    // DSpark's drafts per step (0: the model has no drafter)
   const VisionConfig* vision = nullptr;  // the model's vision tower (null or disabled: images refused)
   ImageLimits images;          // per request: count, encoded bytes, pixels
+  // serve --scheduling-policy priority: a request's "priority" orders it (otherwise only 0 is taken)
+  bool priority_scheduling = false;
 };
 
 inline constexpr int kMaxTopLogprobs = 20;

@@ -248,7 +248,7 @@ ApiRequest parse_responses_request(std::string_view text, const ModelInfo& model
   // the chat route reads these as they are
   for (const char* key : {"model", "stream", "temperature", "top_p", "seed", "ignore_eos", "cache_salt", "thinking",
                           "chat_template_kwargs", "speculative", "draft_length", "acceptance_guard", "prefill_mode",
-                          "dsv41_forced_output"}) {
+                          "priority", "dsv41_forced_output"}) {
     if (const ojson* v = field(body, key)) chat[key] = *v;
   }
   chat["messages"] = messages_of(body);

@@ -405,6 +405,30 @@ namespace {
 // machine limit measured in the same run: decode's achieved bandwidth (active bytes per token × tok/s)
 // over the measured bandwidth, prefill's FLOP rate over the best unit's register-only peak (tail mode does fewer
 // FLOPs per prompt than exact mode), the prefix hit's speedup is cold over warm time to first token.
+// Two agent sessions of three turns: each later turn finds its history in the prompt cache (all but
+// the tool output and the answer before it, to the last 64-token block), and the report has both runs.
+TEST(CliBench, AgentFleetReportsTheSessionsAndTheirCacheHits) {
+  auto r = test::run_dsv41("bench -m " + test::tiny_model_dir() +
+                           " --scenario agent-fleet --fleet-sessions 2 --fleet-turns 3 --fleet-lengths 256,40,80,12 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")))["agent_fleet"];
+  EXPECT_EQ(j["sessions"], 2);
+  for (const char* run : {"fleet", "one_at_a_time"}) {
+    SCOPED_TRACE(run);
+    const auto& x = j[run];
+    EXPECT_GT(x["wall_seconds"].get<double>(), 0);
+    EXPECT_GE(x["generated_tokens"].get<int64_t>(), 2 * 3 * 6);  // each answer at least half of 12
+    EXPECT_GT(x["cached_share_after_first_turn"].get<double>(), 0.6) << x;
+    EXPECT_GT(x["ttft_ms"]["p99"].get<double>(), 0);
+    EXPECT_GE(x["gap_ms"]["max"].get<double>(), x["gap_ms"]["p50"].get<double>());
+  }
+  // the second session's first turn finds the shared system prompt (256 tokens) in the cache
+  EXPECT_EQ(j["one_at_a_time"]["first_turn_cached_tokens"], 256);
+  auto bad = test::run_dsv41("bench -m " + test::tiny_model_dir() + " --scenario agent-fleet --fleet-lengths 256,80,40,12");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("--fleet-lengths"), std::string::npos) << bad.out;
+}
+
 TEST(CliBench, AllScenariosReportAgainstTheMeasuredLimits) {
   test::TempDir dir;
   auto r = test::run_dsv41("bench -m " + test::tiny_model_dir() +

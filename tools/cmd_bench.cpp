@@ -19,6 +19,7 @@
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
+#include "bench_agent_fleet.h"
 #include "bench_limits.h"
 #include "machine_peaks.h"
 #include "backend_env.h"
@@ -712,6 +713,10 @@ int run_bench(int argc, char** argv, MpiJob* job) {
         "                prompts; decode out to long contexts; a turn with a long history cached and a few\n"
         "                hundred new tokens (RAM and disk tier, exact and replay). Needs a model with the\n"
         "                positions (make-tiny --preset long); --plot then draws cost per token vs context\n"
+        "  agent-fleet   agent sessions at once through the scheduler (not in the default): a shared system\n"
+        "                prompt, then turns of a tool's output and an answer, the next turn at once; time to\n"
+        "                first token, gaps between tokens, prompt tokens from the cache, tokens/s, and the\n"
+        "                same sessions one after another\n"
         "The machine's limits are measured in the same run: streaming-read memory bandwidth and, for each\n"
         "arithmetic unit present (AMX-BF16, AVX-512-BF16, AVX-512 / AVX2 fp32 FMA), its register-only peak\n"
         "on all cores. Decode is reported against the bandwidth, prefill and GEMM against the best peak.\n"
@@ -731,13 +736,19 @@ int run_bench(int argc, char** argv, MpiJob* job) {
         "  --ram SIZE             memory budget the model's load follows (default: the available RAM, or the memory\n"
         "                         cgroup's limit; above that limit it is refused); the plan and the load time are\n"
         "                         in the report\n"
+        "  --fleet-sessions N     agent-fleet: sessions (default 8)\n"
+        "  --fleet-turns N        agent-fleet: turns per session (default 4)\n"
+        "  --fleet-lengths S,A,B,N  agent-fleet: system prompt tokens, a tool output's least and most tokens,\n"
+        "                         an answer's most tokens (default 8192,1024,4096,300)\n"
+        "  --step-budget-ms MS    agent-fleet: the engine's step budget, as serve's (default 0: automatic)\n"
         "  --rank-timeout S       with --expert-parallel: how long rank 0 waits for another rank's part of one\n"
         "                         layer's exchange before the job ends with status 1, naming the rank (default 300)");
     return 0;
   }
   Args args("bench", argc, argv, {"--model", "--scenario", "--steps", "--io-threads", "--plot", "--lengths", "--gemm-rows",
              "--long-prefill", "--long-decode", "--long-cached", "--long-new", "--long-parts", "--long-hits", "--ram", "--image-sizes", "--from-report",
-             "--rank-timeout"}, {"--json", "--expert-parallel"},
+             "--rank-timeout", "--fleet-sessions", "--fleet-turns", "--fleet-lengths", "--step-budget-ms"},
+            {"--json", "--expert-parallel"},
             {{"-m", "--model"}});
   // --from-report draws the plot of a saved `--json` report and measures nothing: a run on a large
   // checkpoint is hours, and its plot can be redrawn without repeating it.
@@ -784,15 +795,27 @@ int run_bench(int argc, char** argv, MpiJob* job) {
     }
     if (!long_plan.prefill && !long_plan.decode && !long_plan.prefix_hit) fail("--long-parts", "names no part");
   }
+  FleetOptions fleet;
+  fleet.sessions = static_cast<int>(args.get_int("--fleet-sessions", 8, 1, 1024));
+  fleet.turns = static_cast<int>(args.get_int("--fleet-turns", 4, 1, 10000));
+  {
+    const std::vector<int64_t> l = count_list(args, "--fleet-lengths", "8192,1024,4096,300", 1);
+    if (l.size() != 4 || l[1] > l[2]) fail("--fleet-lengths", "takes SYSTEM,TOOL_MIN,TOOL_MAX,ANSWER with TOOL_MIN <= TOOL_MAX");
+    fleet.system_tokens = l[0];
+    fleet.tool_min = l[1];
+    fleet.tool_max = l[2];
+    fleet.answer_tokens = l[3];
+  }
+  const double step_budget_ms = args.get_number("--step-budget-ms", 0);
   std::vector<std::string> names;
   {
     std::stringstream list(scenarios);
     for (std::string name; std::getline(list, name, ',');) {
       if (name != "engram" && name != "gemm" && name != "cold-prefill" && name != "prefix-hit" && name != "decode" &&
-          name != "concurrency" && name != "long-context" && name != "vision") {
+          name != "concurrency" && name != "long-context" && name != "vision" && name != "agent-fleet") {
         fail("--scenario", "unknown scenario \"" + name +
                                "\" (available: gemm, cold-prefill, prefix-hit, decode, concurrency, engram, long-context, "
-                               "vision)");
+                               "vision, agent-fleet)");
       }
       names.push_back(name);
     }
@@ -878,6 +901,12 @@ int run_bench(int argc, char** argv, MpiJob* job) {
     } else if (name == "vision") {
       need_model();
       report["vision"] = bench_vision(*model, image_sizes, lim, peaks);
+    } else if (name == "agent-fleet") {
+      need_model();
+      std::fprintf(stderr, "agent fleet...\n");
+      EngineOptions eo = bench_engine(dir, model);
+      eo.step_budget_ms = step_budget_ms;
+      report["agent_fleet"] = bench_agent_fleet(eo, fleet);
     }
   }
   if (peers) {
@@ -973,6 +1002,20 @@ int run_bench(int argc, char** argv, MpiJob* job) {
     std::printf("concurrency\n");
     for (const auto& r : report["concurrency"]) {
       std::printf("  %d streams: %.2f tok/s aggregate\n", r["streams"].get<int>(), r["aggregate_tok_s"].get<double>());
+    }
+  }
+  if (report.contains("agent_fleet")) {
+    const nlohmann::json& f = report["agent_fleet"];
+    std::printf("agent fleet: %d sessions x %d turns\n  %-14s %8s %9s %9s %9s %9s %9s %8s %9s %9s\n", f["sessions"].get<int>(),
+                f["turns"].get<int>(), "run", "wall s", "ttft p50", "ttft p99", "gap p50", "gap p99", "gap max",
+                "cached", "prompt/s", "gen/s");
+    for (const char* run : {"fleet", "one_at_a_time"}) {
+      const nlohmann::json& r = f[run];
+      std::printf("  %-14s %8.1f %7.0fms %7.0fms %7.1fms %7.1fms %7.1fms %7.1f%% %9.1f %9.1f\n", run,
+                  r["wall_seconds"].get<double>(), r["ttft_ms"]["p50"].get<double>(), r["ttft_ms"]["p99"].get<double>(),
+                  r["gap_ms"]["p50"].get<double>(), r["gap_ms"]["p99"].get<double>(), r["gap_ms"]["max"].get<double>(),
+                  100 * r["cached_share_after_first_turn"].get<double>(), r["prompt_tok_s"].get<double>(),
+                  r["generated_tok_s"].get<double>());
     }
   }
   if (report.contains("engram")) {

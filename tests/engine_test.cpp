@@ -505,10 +505,11 @@ TEST(StepBudget, StepsStayWithinTheBudgetOnAFakeCostModel) {
   };
   StepBudget b(StepBudgetOptions{0, 256, 8});
   EXPECT_EQ(b.prompt_rows(1), 256);  // nothing measured yet: the most rows
-  EXPECT_EQ(b.budget_seconds(), 0);
+  EXPECT_EQ(b.budget_seconds(), StepBudget::kFloorSeconds);
   b.observe(256, 0, cost(256, 0));  // a prompt alone
   EXPECT_EQ(b.prompt_rows(0), 256);  // nobody decodes: the most rows
-  EXPECT_EQ(b.prompt_rows(1), 256);  // no decode step measured: no budget yet
+  // no decode step measured (a fleet whose prompts never stop): the floor's rows
+  EXPECT_EQ(b.prompt_rows(1), static_cast<int64_t>(StepBudget::kFloorSeconds / (cost(256, 0) / 256)));
   for (int i = 0; i < 4; ++i) b.observe(0, 1, cost(0, 1));
   const double budget = StepBudget::kDecodeSteps * cost(0, 1);
   ASSERT_NEAR(b.budget_seconds(), budget, 1e-9);
@@ -575,6 +576,47 @@ TEST(Engine, PriorityOrdersTheQueue) {
     EXPECT_EQ(finished, want);
     EXPECT_EQ(e.scheduling(), policy);
   }
+}
+
+// Two agents that arrive together with one system prompt: the second waits while the first computes
+// it and stores its state where the two part, then restores it; both get the tokens they get alone.
+TEST(Engine, PromptsArrivingTogetherComputeTheirSharedPrefixOnce) {
+  EngineOptions opt;
+  opt.model_dir = test::tiny_model_dir();
+  opt.parallel = 3;
+  opt.prefill_chunk = 64;  // the first prompt takes several steps to pass the shared part
+  const std::vector<int32_t> system = ids(300, 60);
+  RequestParams a = greedy(1, 0, 6), b = greedy(1, 0, 6);
+  a.prompt = system;
+  b.prompt = system;
+  const std::vector<int32_t> a_own = ids(50, 61), b_own = ids(70, 62);
+  a.prompt.insert(a.prompt.end(), a_own.begin(), a_own.end());
+  b.prompt.insert(b.prompt.end(), b_own.begin(), b_own.end());
+  std::vector<std::vector<int32_t>> alone;
+  for (const RequestParams& p : {a, b}) {
+    Engine e(opt);
+    Collected c;
+    e.submit(p, collect(c));
+    wait(c);
+    alone.push_back(c.tokens);
+  }
+  Engine e(opt);
+  std::atomic<bool> queued{false};
+  Collected blocker, ca, cb;
+  e.submit(greedy(20, 63, 2), [&](const TokenEvent& ev) {  // holds the scheduler until both are queued
+    while (!queued) std::this_thread::yield();
+    collect(blocker)(ev);
+  });
+  e.submit(a, collect(ca));
+  e.submit(b, collect(cb));
+  queued = true;
+  wait(ca);
+  wait(cb);
+  wait(blocker);
+  EXPECT_EQ(ca.tokens, alone[0]);
+  EXPECT_EQ(cb.tokens, alone[1]);
+  EXPECT_EQ(ca.last.cached_tokens, 0);
+  EXPECT_EQ(cb.last.cached_tokens, 256);  // the shared 300 tokens' last whole block
 }
 
 TEST(Engine, BadRequestsAreRefusedAtSubmit) {

@@ -76,6 +76,34 @@ TEST(PrefixCacheRam, ExactRestoreIsBitIdenticalAndSharesPages) {
   EXPECT_EQ(warm_b, cold_b);
 }
 
+// Exact mode restores only where a snapshot was made. A prompt that leaves the blocks another prompt
+// stored (agents' common system prompt) makes one where they part, so the prompts after it restore
+// the shared part, bit-identical to computing it; its own boundary is stored as well.
+TEST(PrefixCacheRam, APromptStoresTheBoundaryWhereItLeavesAnothersBlocks) {
+  const Model& m = tiny();
+  StatePools pools(m.config(), m.roles(), m.backend().allocator());
+  PrefixCache cache(m, pools, CacheMode::Exact, 64 << 20, "");
+  const std::vector<int32_t> shared = ids(200, 11);
+  const std::vector<int32_t> a = concat(shared, ids(150, 12)), b = concat(shared, ids(150, 13)),
+                             c = concat(shared, ids(100, 14)), b_next = concat(b, ids(40, 15));
+  const std::vector<float> cold_c = run(m, pools, nullptr, c), cold_b_next = run(m, pools, nullptr, b_next);
+  CacheHit hit;
+  run(m, pools, &cache, a, &hit);  // its snapshot is at 320
+  EXPECT_EQ(hit.cached_tokens, 0);
+  EXPECT_EQ(cache.fork_boundary(b), 192);
+  run(m, pools, &cache, b, &hit);  // shares 192 tokens of a's blocks, none of them restorable
+  EXPECT_EQ(hit.cached_tokens, 0);
+  EXPECT_EQ(cache.fork_boundary(c), -1);  // restorable now
+  EXPECT_EQ(run(m, pools, &cache, c, &hit), cold_c);
+  EXPECT_EQ(hit.source, CacheSource::Ram);
+  EXPECT_EQ(hit.cached_tokens, 192);
+  EXPECT_EQ(run(m, pools, &cache, b_next, &hit), cold_b_next);
+  EXPECT_EQ(hit.cached_tokens, 320);  // b's own boundary
+  PrefixCache replaying(m, pools, CacheMode::Replay, 64 << 20, "");
+  run(m, pools, &replaying, a);
+  EXPECT_EQ(replaying.fork_boundary(b), -1);  // replay restores any block
+}
+
 // Two sequences branch from one cached prefix and run interleaved: each must see only its own tokens
 // (copy-on-write pages), so each equals a run of the same prompt without any cache.
 TEST(PrefixCacheRam, BranchesNeverSeeEachOthersTokens) {

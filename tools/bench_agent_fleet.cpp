@@ -25,6 +25,7 @@ struct Turn {
   Clock::time_point submitted, first, done;
   std::vector<Clock::time_point> tokens;
   int64_t prompt_tokens = 0, cached_tokens = 0, generated = 0;
+  int64_t computed_before = 0;  // of its prompt, the tokens the session's earlier turns computed
   std::string error;
 };
 
@@ -80,11 +81,13 @@ std::vector<Turn> run_session(Engine& e, const FleetOptions& f, int session, int
     const int64_t tool = f.tool_min + static_cast<int64_t>(rng() % static_cast<uint32_t>(f.tool_max - f.tool_min + 1));
     const int64_t answer = (f.answer_tokens + 1) / 2 + static_cast<int64_t>(rng() % static_cast<uint32_t>(f.answer_tokens / 2 + 1));
     const std::vector<int32_t> output = seeded_tokens(tool, vocab, 7919u * static_cast<uint32_t>(session + 1) + static_cast<uint32_t>(k));
+    const int64_t computed_before = k > 0 ? static_cast<int64_t>(history.size()) : 0;  // prompts and answers so far
     history.insert(history.end(), output.begin(), output.end());
     std::vector<int32_t> answered;
     Turn t = run_turn(e, history, answer, answered);
     t.session = session;
     t.index = k;
+    t.computed_before = computed_before;
     history.insert(history.end(), answered.begin(), answered.end());
     turns.push_back(std::move(t));
   }
@@ -99,7 +102,7 @@ double percentile(std::vector<double> v, double q) {
 
 nlohmann::json summarize(const std::vector<Turn>& turns, double wall, uint64_t steps) {
   std::vector<double> ttft, gaps, latency;
-  int64_t prompt = 0, cached = 0, later_prompt = 0, later_cached = 0, generated = 0, first_cached = 0;
+  int64_t prompt = 0, cached = 0, later_prompt = 0, later_cached = 0, generated = 0, first_cached = 0, later_computed = 0;
   for (const Turn& t : turns) {
     ttft.push_back(seconds_between(t.submitted, t.first) * 1e3);
     latency.push_back(seconds_between(t.submitted, t.done));
@@ -110,6 +113,7 @@ nlohmann::json summarize(const std::vector<Turn>& turns, double wall, uint64_t s
     if (t.index > 0) {
       later_prompt += t.prompt_tokens;
       later_cached += t.cached_tokens;
+      later_computed += t.computed_before;
     } else {
       first_cached += t.cached_tokens;  // the shared system prompt, found after the first session's turn
     }
@@ -123,6 +127,9 @@ nlohmann::json summarize(const std::vector<Turn>& turns, double wall, uint64_t s
           {"cached_tokens", cached},
           {"cached_share", share(cached, prompt)},
           {"cached_share_after_first_turn", share(later_cached, later_prompt)},
+          // what any cache could serve of those turns: the tokens the session's earlier turns computed
+          // (its prompts and answers); the tool outputs are new by nature
+          {"computed_share_after_first_turn", share(later_computed, later_prompt)},
           {"first_turn_cached_tokens", first_cached},
           {"generated_tokens", generated},
           {"prompt_tok_s", wall > 0 ? static_cast<double>(prompt - cached) / wall : 0.0},

@@ -142,6 +142,7 @@ struct Engine::Impl {
   void fail_request(Request& r, const std::exception& e);
   enum class Stage { Waiting, Prefilling, Decoding };
   Stage prepare(Request& r);
+  bool waits_for_shared_prefix(const Request& r);
   void first_token(Request& r);
   bool emit(Request& r, int32_t token, const float* logits);
   void sample_and_emit(Request& r, const std::vector<float>& logits, int64_t vocab);
@@ -627,6 +628,7 @@ Engine::Impl::Stage Engine::Impl::prepare(Request& r) {
     }
     start(r, entry ? &*entry : nullptr);
   }
+  if (!r.session && !opt.prefill_peer && waits_for_shared_prefix(r)) return Stage::Waiting;
   if (!r.session) start(r);
   if (r.session->prefill_pending()) return Stage::Prefilling;
   if (!r.started) {
@@ -634,6 +636,34 @@ Engine::Impl::Stage Engine::Impl::prepare(Request& r) {
     return Stage::Waiting;
   }
   return Stage::Decoding;
+}
+
+// A request whose prompt shares a long prefix with a prompt being prefilled now, past what the
+// cache can restore, waits until that prefill has stored its state where the two part (asked for
+// here), and then restores it instead of computing the same rows beside it: agents that arrive
+// together with one system prompt compute it once. (Exact mode needs the state at that very
+// boundary; prompts with images and requests that do not cache start at once.)
+bool Engine::Impl::waits_for_shared_prefix(const Request& r) {
+  const RequestParams& p = r.params;
+  if (cache->mode() != CacheMode::Exact || !r.image_starts.empty() || p.index_keys != IndexKeysMode::Owner ||
+      p.prefill_mode != PrefillMode::Exact) {
+    return false;
+  }
+  const int64_t limit = PrefixCache::usable_boundary(static_cast<int64_t>(p.prompt.size()));
+  const int64_t cached = cache->ram_hit_tokens(p.prompt, p.cache_namespace);
+  for (const auto& qp : running) {
+    const Request& q = *qp;
+    if (&q == &r || q.finished || !q.session || !q.session->prefill_pending() || !q.image_starts.empty() ||
+        q.params.cache_namespace != p.cache_namespace) {
+      continue;
+    }
+    const std::vector<int32_t>& o = q.params.prompt;
+    const size_t n = std::min(p.prompt.size(), o.size());
+    const int64_t same = std::mismatch(p.prompt.begin(), p.prompt.begin() + static_cast<std::ptrdiff_t>(n), o.begin()).first - p.prompt.begin();
+    const int64_t common = std::min(same, limit) / kTokensPerPage * kTokensPerPage;
+    if (common > cached && q.session->store_also_at(common)) return true;
+  }
+  return false;
 }
 
 // After the prompt: the first token comes from the prefill's logits (a prefill-only request ends).

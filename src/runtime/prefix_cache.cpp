@@ -91,6 +91,17 @@ void PrefixCache::replay(const std::vector<int32_t>& prompt, int64_t boundary, S
   hit.replayed_tokens = boundary - start;
 }
 
+int64_t PrefixCache::fork_boundary(const std::vector<int32_t>& prompt, const PromptImages* images,
+                                   const std::string& cache_namespace) const {
+  if (mode_ != CacheMode::Exact) return -1;
+  const int64_t limit = usable_boundary(static_cast<int64_t>(prompt.size()));
+  const PrefixTree::Match m = tree_.match(prompt, cache_namespace);
+  const int64_t blocks = block_outside_spans(std::min(m.tokens, limit), images) / kTokensPerPage;
+  if (blocks == 0 || blocks * kTokensPerPage < model_.config().window_size) return -1;
+  if (blocks_.at(m.path[static_cast<size_t>(blocks - 1)]).snapshot) return -1;  // restore() takes it
+  return blocks * kTokensPerPage;
+}
+
 int64_t PrefixCache::store_boundary(int64_t n) const {
   const int64_t b = usable_boundary(n);
   return mode_ == CacheMode::Exact && b < model_.config().window_size ? -1 : b;
@@ -297,7 +308,18 @@ uint64_t PrefixCache::store(const std::vector<int32_t>& tokens, const SequenceSt
         return id;
       },
       [&](PrefixTree::EntryId id) { return blocks_.at(id).bytes; }, cache_namespace);
-  tree_.touch(tree_.match(tokens, cache_namespace), ++clock_);
+  const PrefixTree::Match stored = tree_.match(tokens, cache_namespace);
+  if (snap && first_new < 0 && stored.tokens == n) {
+    // every block was there already (another prompt stored them and went on): the snapshot makes
+    // this boundary restorable too
+    Block& last = blocks_.at(stored.path.back());
+    if (!last.snapshot) {
+      last.snapshot = snap;
+      last.bytes += snap->bytes();
+      tree_.grow(stored.nodes.back(), snap->bytes());
+    }
+  }
+  tree_.touch(stored, ++clock_);
   if (events_ && first_new >= 0) {
     KvCacheEvent e;
     e.block_hashes.assign(hashes.begin() + first_new, hashes.end());

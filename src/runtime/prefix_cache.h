@@ -74,6 +74,15 @@ class PrefixCache {
   CacheHit restore(const std::vector<int32_t>& prompt, SequenceState& state, int64_t tail_start,
                    const PromptImages* images = nullptr, const std::string& cache_namespace = {});
 
+  // Exact mode: the deepest boundary of `prompt` (a usable one, outside its image spans and past the
+  // first window) whose blocks the RAM tier holds without a snapshot there, where no snapshot
+  // deeper in the match exists either; -1 when there is none (or in replay mode, which restores any
+  // block). Another prompt stored these blocks and went on past them: a prefill that stores its
+  // state here (store() of the prefix) lets every later prompt sharing them, such as agents' common
+  // system prompt, restore them instead of computing them again.
+  int64_t fork_boundary(const std::vector<int32_t>& prompt, const PromptImages* images = nullptr,
+                        const std::string& cache_namespace = {}) const;
+
   // Prompt tokens restore() would take from RAM for `prompt` (0: none), without restoring them.
   int64_t ram_hit_tokens(const std::vector<int32_t>& prompt, const std::string& cache_namespace = {}) const;
 
@@ -85,7 +94,8 @@ class PrefixCache {
                           int64_t tail_start, const std::string& cache_namespace = {});
 
   // Records the state after `tokens` (state.length == tokens.size(), a multiple of kTokensPerPage) in
-  // RAM and, with a disk tier, in a file. Returns the bytes written to disk: 0 without a disk tier and
+  // RAM (in exact mode the snapshot there, also on a block another prompt stored) and, with a disk
+  // tier, in a file. Returns the bytes written to disk: 0 without a disk tier and
   // when the write failed, which is counted and logged but never thrown (the request goes on uncached).
   uint64_t store(const std::vector<int32_t>& tokens, const SequenceState& state, const std::string& cache_namespace = {});
 

@@ -56,6 +56,12 @@ void Session::begin_prefill(const std::vector<int32_t>& tokens, const CacheEntry
   while (images && store_at_ > 0 && images->cut_at_or_before(store_at_) != store_at_) {
     store_at_ = cache_->store_boundary(images->cut_at_or_before(store_at_));  // a span is stored whole or not at all
   }
+  // Where the prompt leaves blocks another prompt stored (a shared system prompt) and no snapshot
+  // marks them: a chunk ends there too, and the state there is stored for the prompts to come.
+  shared_stores_.clear();
+  storable_ = storable;
+  const int64_t fork = storable ? cache_->fork_boundary(keys, images.get(), options_.cache_namespace) : -1;
+  if (fork > hit_.cached_tokens && fork < store_at_) shared_stores_.push_back(fork);
   if (hit_.source == CacheSource::Peer && store_at_ == hit_.cached_tokens) {
     // a prefill server's state is this server's to reuse: the next turn of the conversation finds
     // its history here instead of asking for it again
@@ -71,6 +77,16 @@ void Session::begin_prefill(const std::vector<int32_t>& tokens, const CacheEntry
   history_.insert(history_.end(), keys.begin(), keys.end());
 }
 
+bool Session::store_also_at(int64_t boundary) {
+  if (!storable_ || !prefill_pending() || boundary <= pending_done_ || boundary > store_at_) return false;
+  if (boundary % kTokensPerPage != 0 || boundary < model_.config().window_size) return false;
+  if (pending_images_ && pending_images_->cut_at_or_before(boundary) != boundary) return false;
+  if (boundary != store_at_ && std::find(shared_stores_.begin(), shared_stores_.end(), boundary) == shared_stores_.end()) {
+    shared_stores_.insert(std::upper_bound(shared_stores_.begin(), shared_stores_.end(), boundary), boundary);
+  }
+  return true;
+}
+
 int64_t Session::prefill_step(int64_t max_tokens) {
   if (!prefill_pending()) return 0;
   const int64_t n = plan_prefill(max_tokens);
@@ -84,6 +100,9 @@ int64_t Session::plan_prefill(int64_t max_tokens) {
   const int64_t n = static_cast<int64_t>(pending_.size()), done = pending_done_;
   int64_t end = std::min(n, done + std::max<int64_t>(max_tokens, 1));
   if (done < store_at_ && store_at_ < end) end = store_at_;
+  for (const int64_t at : shared_stores_) {
+    if (done < at && at < end) end = at;
+  }
   planned_prefill_ = pending_opt_;
   if (pending_images_) {
     // a span is prefilled in one piece: the chunk stops before it, or takes all of it
@@ -101,8 +120,11 @@ void Session::finish_prefill_chunk() {
   if (observer_) observer_(state_, result_, pending_origin_ + done, end - done);
   pending_done_ = end;
   if (end == static_cast<int64_t>(pending_.size())) last_logits_ = std::move(result_.logits);
+  if (std::find(shared_stores_.begin(), shared_stores_.end(), end) != shared_stores_.end()) {
+    disk_bytes_ += cache_->store({pending_keys_.begin(), pending_keys_.begin() + end}, state_, options_.cache_namespace);
+  }
   if (end == store_at_ && store_at_ > hit_.cached_tokens) {
-    disk_bytes_ = cache_->store({pending_keys_.begin(), pending_keys_.begin() + store_at_}, state_, options_.cache_namespace);
+    disk_bytes_ += cache_->store({pending_keys_.begin(), pending_keys_.begin() + store_at_}, state_, options_.cache_namespace);
     stored_tokens_ = store_at_;
   }
 }

@@ -50,6 +50,10 @@ class Session {
   void begin_prefill(const std::vector<int32_t>& tokens, const CacheEntry* handed = nullptr,
                      std::shared_ptr<const PromptImages> images = nullptr);
   const std::string& handover_refusal() const { return handover_refusal_; }
+  // Asks the prefill under way to store its state at `boundary` too (a block boundary ahead of it,
+  // past the first window, outside image spans), where another prompt waiting to start leaves this
+  // one: returns whether it will (false: not caching, or not such a boundary).
+  bool store_also_at(int64_t boundary);
   bool prefill_pending() const { return pending_done_ < static_cast<int64_t>(pending_.size()); }
   int64_t prefill_step(int64_t max_tokens);
   const std::vector<float>& last_logits() const { return last_logits_; }
@@ -124,6 +128,9 @@ class Session {
   std::vector<int32_t> pending_, pending_keys_;
   std::shared_ptr<const PromptImages> pending_images_;
   int64_t pending_done_ = 0, pending_origin_ = 0, store_at_ = -1;
+  // boundaries shared with other prompts, stored for them (fork_boundary, store_also_at), ascending
+  std::vector<int64_t> shared_stores_;
+  bool storable_ = false;  // this prefill stores its state in the cache
   ForwardOptions pending_opt_;
   std::vector<float> last_logits_;
   CacheHit hit_;

@@ -40,14 +40,15 @@ void StepBudget::observe(int64_t prompt_rows, int64_t other_rows, double seconds
 
 double StepBudget::budget_seconds() const {
   if (options_.budget_seconds > 0) return options_.budget_seconds;
-  if (decode_seconds_ <= 0) return 0;
+  // before any step without prompt rows (a fleet whose prompts never stop arriving), the floor
+  if (decode_seconds_ <= 0) return kFloorSeconds;
   return std::clamp(kDecodeSteps * decode_seconds_, kFloorSeconds, kCeilingSeconds);
 }
 
 int64_t StepBudget::prompt_rows(int64_t other_rows) const {
   const double budget = budget_seconds();
   const double per_row = prompt_row_seconds();
-  if (other_rows <= 0 || budget <= 0 || per_row <= 0) return options_.max_rows;
+  if (other_rows <= 0 || per_row <= 0) return options_.max_rows;
   const double rows = std::floor(budget / per_row);
   if (rows >= static_cast<double>(options_.max_rows)) return options_.max_rows;
   return std::max(options_.min_rows, static_cast<int64_t>(rows));

@@ -16,7 +16,7 @@ namespace dsv41 {
 
 struct StepBudgetOptions {
   // The budget in seconds; 0: derived from the measured decode step, kDecodeSteps of it, within
-  // [kFloorSeconds, kCeilingSeconds].
+  // [kFloorSeconds, kCeilingSeconds] (the floor until a step without prompt rows is measured).
   double budget_seconds = 0;
   // The most prompt rows one step runs (the activations' bound, EngineOptions::prefill_chunk): what a
   // step runs when nobody decodes, and before anything is measured.
@@ -41,7 +41,7 @@ class StepBudget {
   // The prompt rows a step may run beside `other_rows` decode and verify rows (max_rows when there
   // are none: a prompt alone runs at its own pace).
   int64_t prompt_rows(int64_t other_rows) const;
-  // The budget now in force (seconds); 0 until a decode step is measured when it is automatic.
+  // The budget now in force (seconds); automatic and before any decode step is measured, the floor.
   double budget_seconds() const;
   double decode_seconds() const { return decode_seconds_; }
   // 0 until a forward with prompt rows is measured

@@ -93,6 +93,13 @@ void PrefixTree::insert(const std::vector<int32_t>& tokens, int64_t n_blocks,
   }
 }
 
+void PrefixTree::grow(uint64_t node, size_t extra) {
+  auto it = nodes_.find(node);
+  if (it == nodes_.end() || it->second.is_root) return;
+  it->second.bytes += extra;
+  bytes_ += extra;
+}
+
 void PrefixTree::touch(const Match& match, uint64_t now) {
   clock_ = std::max(clock_, now);
   for (uint64_t id : match.nodes) {

@@ -52,6 +52,8 @@ class PrefixTree {
 
   // Marks the matched nodes as used at time `now` (the caller's LRU clock).
   void touch(const Match& match, uint64_t now);
+  // Counts `extra` more bytes for the node of a match (an entry that grew); a stale id is ignored.
+  void grow(uint64_t node, size_t extra);
 
   // Removes least-recently-used leaves until bytes() <= max_bytes or nothing more can go. A leaf
   // whose entry is not evictable (pinned by a running sequence) stays, and so do its ancestors.

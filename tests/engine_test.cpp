@@ -16,6 +16,7 @@
 
 #include "kernels/backend.h"
 #include "runtime/engine.h"
+#include "runtime/output_text.h"
 #include "runtime/step_budget.h"
 #include "engine_util.h"
 #include "test_util.h"
@@ -617,6 +618,48 @@ TEST(Engine, PromptsArrivingTogetherComputeTheirSharedPrefixOnce) {
   EXPECT_EQ(cb.tokens, alone[1]);
   EXPECT_EQ(ca.last.cached_tokens, 0);
   EXPECT_EQ(cb.last.cached_tokens, 256);  // the shared 300 tokens' last whole block
+}
+
+// The client's text: held back while it may start a stop string, cut before the earliest stop string
+// (of two starting there, the first listed), the rest held until the output ends.
+TEST(OutputText, HoldsBackWhatMayStartAStopStringAndCutsBeforeTheFirst) {
+  const Tokenizer tok = Tokenizer::from_file(test::tiny_model_dir() + "/tokenizer.json");
+  const auto read = [&](const std::string& text, std::vector<std::string> stop, OutputText* out = nullptr) {
+    OutputText own(tok, std::move(stop));
+    OutputText& o = out ? *out : own;
+    std::string sent;
+    for (const int32_t t : tok.encode(text, false)) {
+      if (o.stopped()) break;  // the request ends there
+      sent += o.push(t);
+    }
+    return sent;
+  };
+  OutputText a(tok, {"STOP"});
+  EXPECT_EQ(read("the model STOP and more", {}, &a), "the model ");
+  EXPECT_TRUE(a.stopped());
+  EXPECT_EQ(a.stop_string(), "STOP");
+  EXPECT_EQ(a.held(), "");
+  OutputText b(tok, {"STOP"});
+  EXPECT_EQ(read("the model ST", {}, &b), "the model ");  // "ST" may start it
+  EXPECT_FALSE(b.stopped());
+  b.end();
+  EXPECT_EQ(b.held(), "ST");
+  OutputText c(tok, {"el S", "model"});
+  EXPECT_EQ(read("the model STOP", {}, &c), "the ");
+  EXPECT_EQ(c.stop_string(), "model");
+  EXPECT_EQ(read("caf\xc3\xa9 au lait", {}), "caf\xc3\xa9 au lait");  // no stop strings: nothing held
+}
+
+// Log-probabilities under a row (temperature 1): the chosen token's, and the most likely first.
+TEST(OutputText, TokenLogprobsAreALogSoftmax) {
+  const std::vector<float> row = {0.0f, std::log(3.0f), std::log(2.0f), std::log(2.0f)};  // p = 1/8, 3/8, 2/8, 2/8
+  const TokenLogprobs lp = token_logprobs(row.data(), row.size(), 0, 3);
+  EXPECT_NEAR(lp.logprob, std::log(1.0 / 8), 1e-6);
+  ASSERT_EQ(lp.top.size(), 3u);
+  EXPECT_EQ(lp.top[0].first, 1);
+  EXPECT_NEAR(lp.top[0].second, std::log(3.0 / 8), 1e-6);
+  EXPECT_NEAR(lp.top[1].second, std::log(2.0 / 8), 1e-6);
+  EXPECT_TRUE(token_logprobs(row.data(), row.size(), 2, 0).top.empty());
 }
 
 TEST(Engine, BadRequestsAreRefusedAtSubmit) {

@@ -19,6 +19,7 @@
 #include "model/dspark.h"
 #include "model/model.h"
 #include "runtime/kv_events.h"
+#include "runtime/output_text.h"
 #include "runtime/prefill_peer.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
@@ -45,16 +46,6 @@ const char* finish_reason_name(FinishReason reason) {
 
 namespace {
 
-// log-softmax of a logits row (temperature 1), for logprobs
-std::vector<double> log_softmax(const std::vector<float>& logits) {
-  double mx = *std::max_element(logits.begin(), logits.end()), z = 0;
-  for (float v : logits) z += std::exp(v - mx);
-  const double lz = mx + std::log(z);
-  std::vector<double> out(logits.size());
-  for (size_t i = 0; i < logits.size(); ++i) out[i] = logits[i] - lz;
-  return out;
-}
-
 // What a client is told when its request fails while running: the cause in general terms only. The
 // full message, which may name server files (the prompt-cache folder, the model's), goes to the log.
 // An Error of kind Unavailable is written for the client (what the server cannot do now, such as an
@@ -75,15 +66,13 @@ struct Engine::Impl {
     EventSink sink;
     std::unique_ptr<Session> session;
     std::unique_ptr<Sampler> sampler;
-    std::unique_ptr<StreamDecoder> decoder;
+    std::unique_ptr<OutputText> output;  // its text as the client reads it (stop strings held back)
     std::unique_ptr<SpeculativeDecoder> spec;  // null: plain decoding
-    std::string held;       // decoded text not yet sent: it may be the start of a stop string
     int64_t generated = 0;
     int32_t last = -1;
     uint64_t reserved_bytes = 0;
     int64_t cached_tokens = 0;
     int32_t stop_token = -1;         // the end-of-sentence token that ended it
-    std::string stop_string;         // the stop string that ended it
     std::vector<float> stop_logits;  // its row (return_logits)
     bool started = false;   // its first token has been sampled
     bool finished = false;  // its final event was sent
@@ -374,12 +363,12 @@ void Engine::Impl::finish(Request& r, FinishReason reason, const std::string& er
   e.done = true;
   e.finish_reason = reason;
   e.error = error;
-  if (reason != FinishReason::Cancelled && reason != FinishReason::Error) e.text = r.held;  // no stop string followed
+  if (r.output && reason != FinishReason::Cancelled && reason != FinishReason::Error) e.text = r.output->held();
   e.prompt_tokens = static_cast<int64_t>(r.params.prompt.size());
   e.completion_tokens = r.generated;
   e.cached_tokens = r.cached_tokens;
   e.stop_token = r.stop_token;
-  e.stop_string = r.stop_string;
+  if (r.output) e.stop_string = r.output->stop_string();
   e.logits = std::move(r.stop_logits);
   e.exported_state = std::move(r.exported);
   {
@@ -406,7 +395,7 @@ bool Engine::Impl::emit(Request& r, int32_t token, const float* logits) {
   r.last = token;
   const size_t V = static_cast<size_t>(c.vocab_size);
   if (token == c.eos_token_id && !r.params.ignore_eos) {
-    r.held += r.decoder->flush();
+    r.output->end();
     r.stop_token = token;
     if (r.params.return_logits) r.stop_logits.assign(logits, logits + V);
     finish(r, FinishReason::Stop);
@@ -417,43 +406,18 @@ bool Engine::Impl::emit(Request& r, int32_t token, const float* logits) {
   if (r.generated == 1) e.queue_seconds = std::chrono::duration<double>(r.admitted - r.submitted).count();
   if (r.params.return_logits) e.logits.assign(logits, logits + V);
   if (r.params.top_logprobs >= 0) {
-    std::vector<double> lp = log_softmax(std::vector<float>(logits, logits + V));
-    e.logprob = lp[static_cast<size_t>(token)];
-    std::vector<int32_t> order(lp.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
-    const size_t k = std::min(order.size(), static_cast<size_t>(r.params.top_logprobs));
-    std::partial_sort(order.begin(), order.begin() + static_cast<long>(k), order.end(),
-                      [&](int32_t a, int32_t b) { return lp[a] > lp[b]; });
-    for (size_t i = 0; i < k; ++i) e.top_logprobs.push_back({order[i], lp[static_cast<size_t>(order[i])]});
+    TokenLogprobs lp = token_logprobs(logits, V, token, r.params.top_logprobs);
+    e.logprob = lp.logprob;
+    e.top_logprobs = std::move(lp.top);
   }
-  r.held += r.decoder->push(token);
-  // stop strings: end before the first one; hold back a tail that could still start one
-  size_t cut = std::string::npos, keep = 0;
-  for (const std::string& s : r.params.stop) {
-    if (s.empty()) continue;
-    if (const size_t at = r.held.find(s); at < cut) {  // the earliest; of two starting there, the first listed
-      cut = at;
-      r.stop_string = s;
-    }
-    for (size_t l = std::min(s.size() - 1, r.held.size()); l > keep; --l) {
-      if (r.held.compare(r.held.size() - l, l, s, 0, l) == 0) {
-        keep = l;
-        break;
-      }
-    }
-  }
-  if (cut != std::string::npos) {
-    e.text = r.held.substr(0, cut);
-    r.held.clear();
-    r.sink(e);
+  e.text = r.output->push(token);
+  r.sink(e);
+  if (r.output->stopped()) {
     finish(r, FinishReason::Stop);
     return false;
   }
-  e.text = r.held.substr(0, r.held.size() - keep);
-  r.held.erase(0, r.held.size() - keep);
-  r.sink(e);
   if (r.generated >= r.params.max_tokens) {
-    r.held += r.decoder->flush();
+    r.output->end();
     finish(r, FinishReason::Length);
     return false;
   }
@@ -511,7 +475,7 @@ void Engine::Impl::start(Request& r, const CacheEntry* handed) {
   PrefixCache* c = p.index_keys == IndexKeysMode::Owner ? cache.get() : nullptr;
   r.session = std::make_unique<Session>(*model, *pools, so, c);
   r.sampler = std::make_unique<Sampler>(p.sampling);
-  r.decoder = std::make_unique<StreamDecoder>(*tokenizer);
+  r.output = std::make_unique<OutputText>(*tokenizer, p.stop);
   const SpeculativeMethod method = p.speculative.value_or(opt.speculative);
   if (p.grammar && p.forced_output.empty()) {  // forced output stands for the model: held to nothing
     if (!grammar_vocab) {  // the DSML marker is a special token a tool-call grammar writes
@@ -885,7 +849,7 @@ void Engine::Impl::follow_grammar(Request& r, int32_t token) {
     return;
   }
   if (r.grammar->finished()) {
-    r.held += r.decoder->flush();
+    r.output->end();
     finish(r, FinishReason::Stop);
   }
 }

@@ -112,7 +112,7 @@ class Session {
   PrefixCache* cache_ = nullptr;
   Observer observer_;
   std::vector<int32_t> history_;
-  // the planned step (plan_decode / plan_verify), its result and the verification's checkpoint
+  // the planned step (plan_decode, plan_verify, plan_prefill), its result and the verification's checkpoint
   enum class Planned { None, Decode, Verify, Verified, Prefill } planned_ = Planned::None;
   std::vector<int32_t> planned_tokens_;
   ForwardOptions planned_prefill_;  // the planned prefill chunk's options (its image spans)

@@ -174,7 +174,7 @@ struct EngineMetrics {
   double step_running_seconds = 0;
   uint64_t decode_forwards_total = 0;  // batched decode forwards: every ready sequence's rows in one
   uint64_t mixed_forwards_total = 0;   // of those, the ones that also ran prompt rows
-  double step_budget_seconds = 0;      // the step budget in force (0: not yet measured)
+  double step_budget_seconds = 0;      // the step budget in force (0 before the first step)
   uint64_t kv_pages_in_use = 0;
   uint64_t cache_pages_in_use = 0;  // of those, held by the prefix cache for later requests
   uint64_t prompt_cache_ram_blocks = 0;  // the 64-token blocks the prefix cache's RAM tier holds

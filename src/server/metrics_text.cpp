@@ -92,7 +92,7 @@ std::string render_metrics(const EngineMetrics& m, const HttpCounters& h) {
   metric(out, "dsv41_kv_event_batches_dropped_total", "counter", "KV event batches the publisher gave up (its queue was full).", m.kv_event_batches_dropped);
   metric(out, "dsv41_decode_forwards_total", "counter", "Batched decode forwards (plain and speculative sequences together).", m.decode_forwards_total);
   metric(out, "dsv41_mixed_forwards_total", "counter", "Decode forwards that also ran prompt rows (one forward per step).", m.mixed_forwards_total);
-  metric(out, "dsv41_step_budget_seconds", "gauge", "The time budget of a step with decoders beside a prompt (0: not yet measured).", m.step_budget_seconds);
+  metric(out, "dsv41_step_budget_seconds", "gauge", "The time budget of a step with decoders beside a prompt (0 before the first step).", m.step_budget_seconds);
   // speculative decoding, under vLLM's names
   metric(out, "vllm:spec_decode_num_drafts_total", "counter", "Speculative verifications run.", m.spec_verify_steps);
   metric(out, "vllm:spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified.", m.spec_draft_tokens);

@@ -1,4 +1,5 @@
 #include "bench_agent_fleet.h"
+#include "bench_prompts.h"
 
 #include <algorithm>
 #include <chrono>
@@ -28,13 +29,6 @@ struct Turn {
   int64_t computed_before = 0;  // of its prompt, the tokens the session's earlier turns computed
   std::string error;
 };
-
-std::vector<int32_t> seeded_tokens(int64_t n, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& t : v) t = static_cast<int32_t>(3 + rng() % static_cast<uint32_t>(vocab - 3));
-  return v;
-}
 
 // Submits one turn and waits for its end.
 Turn run_turn(Engine& e, const std::vector<int32_t>& prompt, int64_t answer, std::vector<int32_t>& out) {
@@ -75,12 +69,12 @@ Turn run_turn(Engine& e, const std::vector<int32_t>& prompt, int64_t answer, std
 // One session's turns: the shared system prompt, then each turn's tool output after the history.
 std::vector<Turn> run_session(Engine& e, const FleetOptions& f, int session, int64_t vocab) {
   std::mt19937 rng(1000 + static_cast<uint32_t>(session));
-  std::vector<int32_t> history = seeded_tokens(f.system_tokens, vocab, 1);
+  std::vector<int32_t> history = random_prompt(f.system_tokens, vocab, 1);
   std::vector<Turn> turns;
   for (int k = 0; k < f.turns; ++k) {
     const int64_t tool = f.tool_min + static_cast<int64_t>(rng() % static_cast<uint32_t>(f.tool_max - f.tool_min + 1));
     const int64_t answer = (f.answer_tokens + 1) / 2 + static_cast<int64_t>(rng() % static_cast<uint32_t>(f.answer_tokens / 2 + 1));
-    const std::vector<int32_t> output = seeded_tokens(tool, vocab, 7919u * static_cast<uint32_t>(session + 1) + static_cast<uint32_t>(k));
+    const std::vector<int32_t> output = random_prompt(tool, vocab, 7919u * static_cast<uint32_t>(session + 1) + static_cast<uint32_t>(k));
     const int64_t computed_before = k > 0 ? static_cast<int64_t>(history.size()) : 0;  // prompts and answers so far
     history.insert(history.end(), output.begin(), output.end());
     std::vector<int32_t> answered;

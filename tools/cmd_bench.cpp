@@ -21,6 +21,7 @@
 #include "io/safetensors_writer.h"
 #include "bench_agent_fleet.h"
 #include "bench_limits.h"
+#include "bench_prompts.h"
 #include "machine_peaks.h"
 #include "backend_env.h"
 #include "model/model.h"
@@ -106,13 +107,6 @@ std::vector<HitKind> hit_list(const Args& args) {
   }
   if (out.empty()) fail("--long-hits", "names no pair");
   return out;
-}
-
-std::vector<int32_t> random_prompt(int64_t n, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& t : v) t = static_cast<int32_t>(3 + rng() % static_cast<uint32_t>(vocab - 3));
-  return v;
 }
 
 // Bytes of weights one decode token must read, in the checkpoint's formats: every backbone tensor,

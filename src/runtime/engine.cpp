@@ -88,6 +88,9 @@ struct Engine::Impl {
     GrammarVocabulary::Scratch mask_scratch;
     std::vector<float> masked;                // the logits cut to them
     std::chrono::steady_clock::time_point submitted, admitted;
+    // waits_for_shared_prefix: the request whose prefill it waits for, until that one passes `waits_until`
+    uint64_t waits_for = 0;
+    int64_t waits_until = 0;
   };
 
   EngineOptions opt;
@@ -131,7 +134,7 @@ struct Engine::Impl {
   void fail_request(Request& r, const std::exception& e);
   enum class Stage { Waiting, Prefilling, Decoding };
   Stage prepare(Request& r);
-  bool waits_for_shared_prefix(const Request& r);
+  bool waits_for_shared_prefix(Request& r);
   void first_token(Request& r);
   bool emit(Request& r, int32_t token, const float* logits);
   void sample_and_emit(Request& r, const std::vector<float>& logits, int64_t vocab);
@@ -607,7 +610,18 @@ Engine::Impl::Stage Engine::Impl::prepare(Request& r) {
 // here), and then restores it instead of computing the same rows beside it: agents that arrive
 // together with one system prompt compute it once. (Exact mode needs the state at that very
 // boundary; prompts with images and requests that do not cache start at once.)
-bool Engine::Impl::waits_for_shared_prefix(const Request& r) {
+bool Engine::Impl::waits_for_shared_prefix(Request& r) {
+  if (r.waits_for != 0) {  // decided at an earlier step: only whether that prefill has got there yet
+    for (const auto& qp : running) {
+      const Request& q = *qp;
+      if (q.id == r.waits_for && !q.finished && q.session && q.session->prefill_pending() &&
+          q.session->position() < r.waits_until) {
+        return true;
+      }
+    }
+    r.waits_for = 0;  // it stored the state there (or ended): the request starts with what the cache holds
+    return false;
+  }
   const RequestParams& p = r.params;
   if (cache->mode() != CacheMode::Exact || !r.image_starts.empty() || p.index_keys != IndexKeysMode::Owner ||
       p.prefill_mode != PrefillMode::Exact) {
@@ -625,7 +639,11 @@ bool Engine::Impl::waits_for_shared_prefix(const Request& r) {
     const size_t n = std::min(p.prompt.size(), o.size());
     const int64_t same = std::mismatch(p.prompt.begin(), p.prompt.begin() + static_cast<std::ptrdiff_t>(n), o.begin()).first - p.prompt.begin();
     const int64_t common = std::min(same, limit) / kTokensPerPage * kTokensPerPage;
-    if (common > cached && q.session->store_also_at(common)) return true;
+    if (common > cached && q.session->store_also_at(common)) {
+      r.waits_for = q.id;
+      r.waits_until = common;
+      return true;
+    }
   }
   return false;
 }

@@ -43,11 +43,11 @@ class StepBudget {
   int64_t prompt_rows(int64_t other_rows) const;
   // The budget now in force (seconds); automatic and before any decode step is measured, the floor.
   double budget_seconds() const;
-  double decode_seconds() const { return decode_seconds_; }
+
+ private:
   // 0 until a forward with prompt rows is measured
   double prompt_row_seconds() const { return prompt_rows_ > 0 ? prompt_seconds_ / prompt_rows_ : 0; }
 
- private:
   StepBudgetOptions options_;
   double decode_seconds_ = 0;  // 0: not measured yet
   // moving averages of the prompt forwards' seconds and rows: their ratio weighs each forward by its

@@ -1,44 +1,82 @@
 #include "kernels/topk_threshold.h"
 
 #include <algorithm>
+#include <bit>
 #include <cassert>
+#include <functional>
 #include <limits>
-#include <numeric>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace dsv41 {
 
+namespace {
+
+// True when no score of scores[0, 16) is above t (NaN-free scores). Four compares and one mask on
+// x86-64's baseline SSE: the common case once the threshold is good, a whole group skipped.
+inline bool none_above(const float* scores, float t) {
+#if defined(__SSE2__)
+  const __m128 th = _mm_set1_ps(t);
+  const __m128 lo = _mm_or_ps(_mm_cmpgt_ps(_mm_loadu_ps(scores), th), _mm_cmpgt_ps(_mm_loadu_ps(scores + 4), th));
+  const __m128 hi = _mm_or_ps(_mm_cmpgt_ps(_mm_loadu_ps(scores + 8), th), _mm_cmpgt_ps(_mm_loadu_ps(scores + 12), th));
+  return _mm_movemask_ps(_mm_or_ps(lo, hi)) == 0;
+#else
+  bool any = false;
+  for (int i = 0; i < 16; ++i) any |= scores[i] > t;
+  return !any;
+#endif
+}
+
+// (score, index) as one integer that orders as "higher score first, the lower index among equal
+// scores": the score's bits made monotonic (-0 counted as +0, as float comparison does), then the
+// index inverted.
+inline uint64_t rank_key(const float* scores, int64_t j) {
+  const uint32_t bits = std::bit_cast<uint32_t>(scores[j] + 0.0f);
+  const uint32_t ordered = (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
+  return (uint64_t{ordered} << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(j));
+}
+inline int32_t key_index(uint64_t key) { return static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key)); }
+
+}  // namespace
+
 std::vector<int32_t> topk_by_threshold(const float* scores, int64_t n, int64_t k) {
-  assert(k >= 0 && k <= n);
+  assert(k >= 0 && k <= n && n <= std::numeric_limits<int32_t>::max());
   if (k == 0) return {};
-  const auto better = [scores](int32_t a, int32_t b) {
-    return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+  // Candidates: the first k, then every later index whose score is above the threshold, the score of
+  // the worst of the best k known at the last cut. Every later index is higher than all candidates,
+  // so it can enter the top k only with a strictly higher score than that worst one (a tie loses);
+  // an index left out is beaten by k candidates, and so is one a cut drops. A cut keeps the best k
+  // (nth_element on rank keys) and raises the threshold; it comes when k more have entered, so the
+  // threshold follows the running top k closely (about k·ln(n/k) entries on unordered scores, in
+  // cuts of 2k keys) while every score is read once and appending is branch-free.
+  const int64_t slack = std::max<int64_t>(k, 64);
+  std::vector<uint64_t> cand(static_cast<size_t>(k + slack + 16));
+  for (int64_t j = 0; j < k; ++j) cand[static_cast<size_t>(j)] = rank_key(scores, j);
+  int64_t count = k;
+  const auto cut = [&] {
+    std::nth_element(cand.begin(), cand.begin() + (k - 1), cand.begin() + count, std::greater<>());
+    count = k;
+    return scores[key_index(cand[static_cast<size_t>(k - 1)])];
   };
-  // A heap of the best k seen so far with the worst of them at the front.
-  std::vector<int32_t> heap(static_cast<size_t>(k));
-  std::iota(heap.begin(), heap.end(), 0);
-  std::make_heap(heap.begin(), heap.end(), better);
-  float threshold = scores[heap.front()];
-  // Every later index is higher than all kept ones, so it enters only with a strictly higher score
-  // than the worst kept: a tie loses. The blocks of 16 let the compiler test them together, and a
-  // block with no score above the threshold (the common case once the heap holds good scores) is
-  // skipped whole.
+  float threshold = cut();
   const auto offer = [&](int64_t j) {
-    if (!(scores[j] > threshold)) return;
-    std::pop_heap(heap.begin(), heap.end(), better);
-    heap.back() = static_cast<int32_t>(j);
-    std::push_heap(heap.begin(), heap.end(), better);
-    threshold = scores[heap.front()];
+    cand[static_cast<size_t>(count)] = rank_key(scores, j);
+    count += scores[j] > threshold;
   };
   int64_t j = k;
   for (; j + 16 <= n; j += 16) {
-    bool any = false;
-    for (int i = 0; i < 16; ++i) any |= scores[j + i] > threshold;
-    if (!any) continue;
+    if (none_above(scores + j, threshold)) continue;
     for (int i = 0; i < 16; ++i) offer(j + i);
+    if (count >= k + slack) threshold = cut();
   }
   for (; j < n; ++j) offer(j);
-  std::sort(heap.begin(), heap.end());
-  return heap;
+  if (count > k) cut();
+  std::vector<int32_t> top(static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i) top[static_cast<size_t>(i)] = key_index(cand[static_cast<size_t>(i)]);
+  std::sort(top.begin(), top.end());
+  return top;
 }
 
 std::vector<int32_t> candidate_blocks_by_threshold(const float* scores, int64_t n, int64_t visible,

@@ -9,8 +9,9 @@ namespace dsv41 {
 // The indices of the k best of `scores` (NaN-free) under "higher score first, the lower index among
 // equal scores", ascending. The order is total, so the set is unique and this equals
 // reference::topk_ascending(..., TopkTies::LowerIndexFirst) exactly; the work is one pass over n
-// scores plus a heap update per score that enters the running top k (about k·ln(n/k) on
-// unordered scores), where nth_element moves indices about all n.
+// scores, groups of 16 below a running threshold skipped whole, the others appended to a candidate
+// list that is cut back to the best k whenever it grows by a few thousand: linear in n whatever the
+// scores' order (ascending scores, where every one enters the running top k, included).
 std::vector<int32_t> topk_by_threshold(const float* scores, int64_t n, int64_t k);
 
 // reference::select_candidate_blocks(..., TopkTies::LowerIndexFirst) with its block-level top-k by

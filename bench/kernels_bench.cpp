@@ -352,22 +352,25 @@ BENCHMARK(SparseAttention)->ArgName("isa")->Arg(0)->Arg(1)->Arg(2)->UseRealTime(
 
 // ---- indexer scores and Engram rows ----------------------------------------------------------------
 
-// Indexer scores at the released shape (32 heads × 128, FP4 keys with E8M0 scales) for `nq` queries
-// against `keys` packed key rows, each row in its own place as paged rows are; reports keys/s
-// (query-key pairs scored per second). Args: ISA level, queries, keys, threads.
+// Indexer scores for `nq` queries against `keys` packed key rows, each row in its own place as paged
+// rows are, at the released shape (32 heads × 128) or the `long` preset's (2 × 32). Keys are Gaussian
+// vectors FP4-quantized as the indexer writes them (each 32-block's scale follows its values), queries
+// FP4 quantize-dequantized; reports keys/s (query-key pairs scored per second). Args: ISA level,
+// queries, keys, threads, heads, head dim.
 void IndexScores(benchmark::State& state) {
   const std::unique_ptr<Backend> be = setup(state, state.range(0), state.range(3));
   if (!be) return;
-  const int64_t nq = state.range(1), n_keys = state.range(2), nh = 32, K = 128;
+  const int64_t nq = state.range(1), n_keys = state.range(2), nh = state.range(4), K = state.range(5);
   std::mt19937 rng(5);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::uniform_int_distribution<int> byte(0, 255), scale(118, 130);
-  const int64_t row_bytes = K / 2 + K / 32, stride = 128;  // rows apart, as pages of rows would leave them
+  const int64_t stride = 128;  // rows apart, as pages of rows would leave them
   std::vector<uint8_t> rows(static_cast<size_t>(n_keys * stride));
   std::vector<const uint8_t*> keys(static_cast<size_t>(n_keys));
+  std::vector<float> key(static_cast<size_t>(K));
   for (int64_t t = 0; t < n_keys; ++t) {
+    for (auto& v : key) v = dist(rng);
     uint8_t* row = rows.data() + t * stride;
-    for (int64_t b = 0; b < row_bytes; ++b) row[b] = static_cast<uint8_t>(b < K / 2 ? byte(rng) : scale(rng));
+    pack_index_key_row(key.data(), K, row);
     keys[t] = row;
   }
   std::vector<float> q(static_cast<size_t>(nq * nh * K)), w(static_cast<size_t>(nq * nh));
@@ -384,17 +387,19 @@ void IndexScores(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(nq * n_keys), benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(IndexScores)
-    ->ArgNames({"isa", "queries", "keys", "threads"})
-    ->Args({0, 1, 8192, 1})
-    ->Args({1, 1, 8192, 1})
-    ->Args({2, 1, 8192, 1})
-    ->Args({1, 1, 8192, 2})
-    ->Args({2, 1, 8192, 2})
-    ->Args({0, 64, 2048, 1})
-    ->Args({1, 64, 2048, 1})
-    ->Args({2, 64, 2048, 1})
-    ->Args({1, 64, 2048, 2})
-    ->Args({2, 64, 2048, 2})
+    ->ArgNames({"isa", "queries", "keys", "threads", "heads", "dim"})
+    ->Args({0, 1, 8192, 1, 32, 128})
+    ->Args({1, 1, 8192, 1, 32, 128})
+    ->Args({2, 1, 8192, 1, 32, 128})
+    ->Args({1, 1, 8192, 2, 32, 128})
+    ->Args({2, 1, 8192, 2, 32, 128})
+    ->Args({0, 64, 2048, 1, 32, 128})
+    ->Args({1, 64, 2048, 1, 32, 128})
+    ->Args({2, 64, 2048, 1, 32, 128})
+    ->Args({1, 64, 2048, 2, 32, 128})
+    ->Args({2, 64, 2048, 2, 32, 128})
+    ->Args({1, 16, 65536, 1, 2, 32})
+    ->Args({2, 16, 65536, 1, 2, 32})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -160,6 +160,104 @@ TEST(IndexScores, FastMatchesScalarAtExtremeScales) {
   expect_scores_match(rng, 0, 255, true, true);
 }
 
+// Queries and keys as the model makes them, where an AVX-512 VNNI machine computes every block in
+// integers: keys' scales a few binades apart, each head's queries at its own magnitude, and some
+// 32-blocks of zeros (a zero block's scale plays no part). K = 160 has five blocks.
+TEST(IndexScores, FastMatchesScalarOnTheModelsScales) {
+  std::mt19937 rng(28);
+  std::uniform_int_distribution<int> magnitude(-4, 4), zero_block(0, 7);
+  for (const ScoreShape& s : {ScoreShape{7, 32, 128, 300}, ScoreShape{64, 2, 32, 200}, ScoreShape{3, 4, 160, 77},
+                              ScoreShape{1, 64, 128, 1000}, ScoreShape{9, 1, 64, 16}}) {
+    const KeyRows keys = random_keys(rng, s.n_keys, s.K, 119, 123);
+    std::vector<float> q = random_queries(rng, s.nq * s.nh * s.K, false);
+    for (int64_t row = 0; row < s.nq * s.nh; ++row) {
+      const float scale = std::ldexp(1.0f, magnitude(rng));
+      for (int64_t b = 0; b < s.K / 32; ++b) {
+        float* block = q.data() + row * s.K + b * 32;
+        const bool zero = zero_block(rng) == 0;
+        for (int e = 0; e < 32; ++e) block[e] = zero ? 0.0f : block[e] * scale;
+      }
+    }
+    fp4_qdq_e8m0(q.data(), q.size());
+    const std::vector<float> w = random_weights(rng, s.nq * s.nh);
+    const std::vector<int64_t> visible = random_visible(rng, s.nq, s.n_keys);
+    std::vector<float> want(static_cast<size_t>(s.nq * s.n_keys));
+    reference::index_scores(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(),
+                            want.data());
+    for (const Backend* be : fast_backends()) {
+      std::vector<float> got(want.size(), 12345.0f);
+      be->index_scores(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(), got.data());
+      EXPECT_EQ(first_difference(got, want), "") << describe(*be, s);
+    }
+  }
+}
+
+// Queries that are small integers times powers of two far from 1: subnormal ones (a block's integers
+// then sit below fp32's normal range), tiny and huge ones, against keys of many scales; products
+// that underflow or overflow in the reference's chain must come out as the chain has them.
+TEST(IndexScores, FastMatchesScalarForQueriesAtExtremeMagnitudes) {
+  std::mt19937 rng(30);
+  std::uniform_int_distribution<int> integer(-3, 3);
+  for (const int e : {-149, -140, -128, -100, 0, 4, 8, 60, 100, 124}) {
+    // One 32-block (no scale range to turn the integers away) against keys near fp32's top, where
+    // partial sums overflow; several blocks against keys of every scale.
+    const bool top = e >= 0 && e <= 8;
+    const ScoreShape s = top ? ScoreShape{5, 4, 32, 90} : ScoreShape{5, 4, 128, 90};
+    const KeyRows keys = random_keys(rng, s.n_keys, s.K, top ? 236 : 0, top ? 252 : 254);
+    std::vector<float> q(static_cast<size_t>(s.nq * s.nh * s.K));
+    for (auto& v : q) v = std::ldexp(static_cast<float>(integer(rng)), e);
+    const std::vector<float> w = random_weights(rng, s.nq * s.nh);
+    const std::vector<int64_t> visible = random_visible(rng, s.nq, s.n_keys);
+    std::vector<float> want(static_cast<size_t>(s.nq * s.n_keys));
+    reference::index_scores(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(),
+                            want.data());
+    for (const Backend* be : fast_backends()) {
+      std::vector<float> got(want.size(), 12345.0f);
+      be->index_scores(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(), got.data());
+      EXPECT_EQ(first_difference(got, want, true), "") << describe(*be, s) << " queries at 2^" << e;
+    }
+  }
+}
+
+// Two blocks whose scales move apart one binade per key. Block 0's dot is 128.5, a bf16 midpoint
+// (ties to even: 128); block 1 adds 32 positive products of 2^(-1-t) for key t. While each is at
+// least an fp32 ulp of 128.5 (2^-16) the chain keeps them and the score rounds up to 129; from t = 16
+// on each is half an ulp or less, the chain rounds it away (to even) and stays at 128.5, scoring 128
+// where the exact sum would still round to 129. A kernel that sums blocks in integers must take the
+// chain there.
+TEST(IndexScores, ScoresFollowTheChainWhereBlockScalesDriftApart) {
+  const int64_t K = 64, n_keys = 41;
+  KeyRows keys;
+  keys.bytes.assign(static_cast<size_t>(n_keys * index_key_bytes(K)), 0);
+  for (int64_t t = 0; t < n_keys; ++t) {
+    uint8_t* row = keys.bytes.data() + t * index_key_bytes(K);
+    row[0] = 7 | (6 << 4);  // block 0 (scale 1): 6, 4, 2, 0.5, then zeros
+    row[1] = 4 | (1 << 4);
+    for (int64_t b = 16; b < 32; ++b) row[b] = 1 | (1 << 4);  // block 1: 0.5 everywhere
+    row[K / 2] = 127;
+    row[K / 2 + 1] = static_cast<uint8_t>(127 - t);
+    keys.rows.push_back(row);
+  }
+  std::vector<float> q(K, 0.0f);
+  q[0] = 12;
+  q[1] = 12;
+  q[2] = 4;
+  q[3] = 1;  // block 0: 72 + 48 + 8 + 0.5 = 128.5
+  std::fill(q.begin() + 32, q.end(), 1.0f);
+  const float w = 1.0f;
+  const int64_t visible = n_keys;
+  std::vector<float> want(static_cast<size_t>(n_keys));
+  reference::index_scores(q.data(), &w, 1, 1, K, keys.rows.data(), n_keys, &visible, want.data());
+  EXPECT_EQ(want[15], 129.0f);
+  EXPECT_EQ(want[16], 128.0f);
+  EXPECT_EQ(want[40], 128.0f);
+  for (const Backend* be : fast_backends()) {
+    std::vector<float> got(want.size(), 12345.0f);
+    be->index_scores(q.data(), &w, 1, 1, K, keys.rows.data(), n_keys, &visible, got.data());
+    EXPECT_EQ(first_difference(got, want), "") << label(*be);
+  }
+}
+
 TEST(IndexScores, ProductsAreRoundedBeforeTheyAreAdded) {
   // Each key byte holds the same code twice, so elements 2j and 2j+1 are equal, and the queries pair
   // every x with -x: the rounded products cancel exactly and every dot is 0. A version that fused a

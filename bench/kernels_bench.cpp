@@ -28,6 +28,10 @@
 #include "numeric/row_codecs.h"
 #include "runtime/sampler.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 using namespace dsv41;
@@ -352,11 +356,48 @@ BENCHMARK(SparseAttention)->ArgName("isa")->Arg(0)->Arg(1)->Arg(2)->UseRealTime(
 
 // ---- indexer scores and Engram rows ----------------------------------------------------------------
 
+// The ceiling the indexer's integer path is held to: vpdpbusd on registers only, 16 independent
+// accumulators of 16 int32 lanes (4 byte products each), on one thread; reports multiply-adds per
+// second ("MAC/s"). Skipped on a CPU without AVX-512 VNNI.
+#if defined(__x86_64__)
+__attribute__((target("avx512f,avx512vnni"))) int64_t vnni_register_loop(int64_t iters, int32_t* sink) {
+  const __m512i a = _mm512_set1_epi32(0x01010101), b = _mm512_set1_epi32(0x01FF01FF);  // sums stay 0
+  __m512i c[16];
+  for (int j = 0; j < 16; ++j) c[j] = _mm512_set1_epi32(j);
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) c[j] = _mm512_dpbusd_epi32(c[j], a, b);
+  }
+  __m512i t = c[0];
+  for (int j = 1; j < 16; ++j) t = _mm512_add_epi32(t, c[j]);
+  alignas(64) int32_t lanes[16];
+  _mm512_store_si512(lanes, t);
+  *sink = lanes[0] + lanes[15];
+  return 16 * 16 * 4 * iters;
+}
+#endif
+void Int8DotPeak(benchmark::State& state) {
+#if defined(__x86_64__)
+  if (!cpu_features().avx512_vnni) {
+    state.SkipWithError("no AVX-512 VNNI on this CPU");
+    return;
+  }
+  int64_t macs = 0;
+  int32_t sink = 0;
+  for (auto _ : state) macs += vnni_register_loop(1 << 20, &sink);
+  benchmark::DoNotOptimize(sink);
+  state.counters["MAC/s"] = benchmark::Counter(static_cast<double>(macs), benchmark::Counter::kIsRate);
+#else
+  state.SkipWithError("x86-64 only");
+#endif
+}
+BENCHMARK(Int8DotPeak)->UseRealTime()->Unit(benchmark::kMillisecond);
+
 // Indexer scores for `nq` queries against `keys` packed key rows, each row in its own place as paged
 // rows are, at the released shape (32 heads × 128) or the `long` preset's (2 × 32). Keys are Gaussian
 // vectors FP4-quantized as the indexer writes them (each 32-block's scale follows its values), queries
-// FP4 quantize-dequantized; reports keys/s (query-key pairs scored per second). Args: ISA level,
-// queries, keys, threads, heads, head dim.
+// FP4 quantize-dequantized; reports keys/s (query-key pairs scored per second) and MAC/s (their
+// multiply-adds, to set against Int8DotPeak). Args: ISA level, queries, keys, threads, heads, head dim.
 void IndexScores(benchmark::State& state) {
   const std::unique_ptr<Backend> be = setup(state, state.range(0), state.range(3));
   if (!be) return;
@@ -385,6 +426,8 @@ void IndexScores(benchmark::State& state) {
   }
   state.counters["keys/s"] =
       benchmark::Counter(static_cast<double>(nq * n_keys), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["MAC/s"] =
+      benchmark::Counter(static_cast<double>(nq * n_keys * nh * K), benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(IndexScores)
     ->ArgNames({"isa", "queries", "keys", "threads", "heads", "dim"})

@@ -442,6 +442,10 @@ TEST(CliBench, AllScenariosReportAgainstTheMeasuredLimits) {
   EXPECT_GT(peak, 0.1e9);
   EXPECT_GE(j["machine"]["cores"].get<int>(), 1);
   EXPECT_FALSE(j["machine"]["isa"].get<std::string>().empty());
+  // the indexer's unit: integers wherever an AVX-512 level runs on a CPU with VNNI
+  const Isa level = parse_isa(j["machine"]["isa"].get<std::string>(), "report");
+  EXPECT_EQ(j["machine"]["index_score_unit"],
+            cpu_features().avx512_vnni && level >= Isa::avx512 ? "avx512_vnni_int8" : "fp32");
   const auto near = [](double a, double b) { return std::fabs(a - b) <= 1e-9 * std::fabs(b); };
 
   // the tiny checkpoint's weight bytes: one decode token reads less than all of them (top-2 of the

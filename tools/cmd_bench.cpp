@@ -838,7 +838,8 @@ int run_bench(int argc, char** argv, MpiJob* job) {
   }
   report["machine"] = {{"bandwidth_gbs", lim.bandwidth_gbs}, {"peaks", peak_json}, {"peaks_per_core", per_core},
                        {"peak_gflops", lim.peak_gflops}, {"peak_unit", peaks.front().unit},
-                       {"cores", backend->threads()}, {"isa", backend->name()}};
+                       {"cores", backend->threads()}, {"isa", backend->name()},
+                       {"index_score_unit", backend->index_score_unit()}};
   std::shared_ptr<const Model> model;  // loaded once; every scenario's engines share it
   std::shared_ptr<MpiExpertPeers> peers;
   const std::chrono::seconds rank_timeout = rank_timeout_flag(args);
@@ -918,8 +919,10 @@ int run_bench(int argc, char** argv, MpiJob* job) {
     std::fflush(stdout);
     return finish();
   }
-  std::printf("machine: %.1f GB/s streaming read, %d cores, kernels at level %s\n  register-only peaks (GFLOP/s, all cores / one core):",
-              lim.bandwidth_gbs, report["machine"]["cores"].get<int>(), report["machine"]["isa"].get<std::string>().c_str());
+  std::printf("machine: %.1f GB/s streaming read, %d cores, kernels at level %s (indexer scores on %s)\n"
+              "  register-only peaks (GFLOP/s, all cores / one core):",
+              lim.bandwidth_gbs, report["machine"]["cores"].get<int>(), report["machine"]["isa"].get<std::string>().c_str(),
+              backend->index_score_unit());
   for (const UnitPeak& p : peaks) std::printf(" %s %.1f / %.1f", p.unit.c_str(), p.gflops, p.gflops_per_core);
   std::printf("\n");
   if (report.contains("gemm")) {

@@ -294,8 +294,9 @@ constexpr SimdOps kAmxBf16 = [] {
 
 // The AVX-512 levels score the indexer in integers where the CPU has VNNI: the same bits, a quarter
 // of the instructions (index_score_vnni.cpp).
+bool integer_indexer(Isa level) { return level >= Isa::avx512 && cpu_features().avx512_vnni; }
 SimdOps with_integer_indexer(Isa level, SimdOps ops) {
-  if (level >= Isa::avx512 && cpu_features().avx512_vnni) {
+  if (integer_indexer(level)) {
     ops.index_scores = detail::index_scores_avx512_vnni;
     ops.index_scores_in_pool = detail::index_scores_in_pool_avx512_vnni;
   }
@@ -305,7 +306,9 @@ SimdOps with_integer_indexer(Isa level, SimdOps ops) {
 class SimdBackend final : public Backend {
  public:
   SimdBackend(Isa level, const SimdOps& ops, const BackendOptions& o)
-      : Backend(level, o, ops.tile_rows), ops_(with_integer_indexer(level, ops)) {}
+      : Backend(level, o, ops.tile_rows), ops_(with_integer_indexer(level, ops)), integer_indexer_(integer_indexer(level)) {}
+
+  const char* index_score_unit() const override { return integer_indexer_ ? "avx512_vnni_int8" : "fp32"; }
 
   void linear_fp8(const float* x, int64_t m, const Fp8Matrix& w, float* y) const override {
     ops_.linear_fp8(exec(), x, m, w, y);
@@ -364,6 +367,7 @@ class SimdBackend final : public Backend {
 
  private:
   const SimdOps ops_;
+  const bool integer_indexer_;
 };
 
 // Every level this build knows, lowest first: a new backend is one more entry.

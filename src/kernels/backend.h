@@ -42,6 +42,9 @@ class Backend {
 
   Isa level() const { return level_; }
   const char* name() const { return isa_name(level_); }
+  // The unit the indexer's scores run on: "avx512_vnni_int8" where an AVX-512 level computes them in
+  // integers (index_score_vnni.cpp), else "fp32". The bits are the same either way.
+  virtual const char* index_score_unit() const { return "fp32"; }
   int threads() const { return pool_.threads(); }
   const Exec& exec() const { return exec_; }
   Allocator& allocator() const { return allocator_; }

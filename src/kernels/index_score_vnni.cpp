@@ -56,9 +56,6 @@ namespace {
 constexpr int W = 16;           // keys per vector
 constexpr int kBlock = 32;      // elements per quantization block
 constexpr int kKeyBias = 12;    // key integers are in [-12, 12]
-constexpr int kRowsPerStep = 8; // independent vpdpbusd chains in flight
-// Dots of at most this many query rows wait in L1 for their queries' head sums.
-constexpr int64_t kDotRows = 512;
 
 // A query's rows (one per head) as integers: dwords[row][K/4] (column c's even elements in dword 2c,
 // odd ones in 2c+1), per block the bias 12·Σ ints and the scale 2^sq (0 for a block of zeros), and per
@@ -196,72 +193,93 @@ struct KeyTile {
   bool exact_for_all;  // every lane passes every row's check (the common case: no per-row check)
 };
 
-void pack_keys(const uint8_t* const* keys, int64_t t0, int count, int64_t K, const QueryInts& qi, uint32_t* cols,
+// Keys [t0, t0 + count) (count <= W; missing lanes repeat the last key) into `tile`: each row's nibble
+// bytes copied side by side into `rows`, then gathered lane-wise one packed dword (8 elements) at a
+// time and split into its even and odd elements' biased bytes; the scale codes likewise.
+void pack_keys(const uint8_t* const* keys, int64_t t0, int count, int64_t K, const QueryInts& qi, uint8_t* rows,
                KeyTile& tile) {
-  const float* e8m0 = e8m0_table();
-  const int64_t nb = K / kBlock;
-  alignas(64) int32_t lo[W], hi[W];
-  std::fill_n(lo, W, std::numeric_limits<int32_t>::max());
-  std::fill_n(hi, W, std::numeric_limits<int32_t>::min());
-  __mmask16 finite = 0;
-  for (int l = 0; l < W; ++l) {
-    const uint8_t* row = keys[t0 + std::min(l, count - 1)];
-    for (int64_t c = 0; c < K / 8; ++c) std::memcpy(&cols[c * W + l], row + 4 * c, 4);
-    bool ok = true;
-    for (int64_t b = 0; b < nb; ++b) {
-      const int code = row[K / 2 + b];
-      // 12·2^(code-128) overflows fp32 past 252; 255 is NaN.
-      ok = ok && code <= 252;
-      const int ek = code - 128;
-      lo[l] = std::min(lo[l], ek);
-      hi[l] = std::max(hi[l], ek);
-      tile.scale[b * W + l] = code <= 252 ? e8m0[code] * 0.5f : 0.0f;  // 2^ek, exact (2^-128 included)
+  const int64_t nb = K / kBlock, row_bytes = K / 2 + nb;
+  for (int l = 0; l < W; ++l) {  // 16 nibble bytes at a time (K/2 is a multiple of 16), then the scales
+    const uint8_t* key = keys[t0 + std::min(l, count - 1)];
+    uint8_t* to = rows + l * row_bytes;
+    for (int64_t c = 0; c < K / 2; c += 16) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(to + c), _mm_loadu_si128(reinterpret_cast<const __m128i*>(key + c)));
     }
-    if (ok) finite = static_cast<__mmask16>(finite | (1u << l));
+    for (int64_t b = 0; b < nb; ++b) to[K / 2 + b] = key[K / 2 + b];
   }
-  tile.ek_min = _mm512_load_si512(lo);
-  tile.ek_max = _mm512_load_si512(hi);
-  tile.ek_span = _mm512_sub_epi32(tile.ek_max, tile.ek_min);
-  tile.finite = finite;
-  tile.exact_for_all = finite == 0xFFFF && _mm512_reduce_max_epi32(tile.ek_span) <= qi.all_span_max &&
-                       _mm512_reduce_min_epi32(tile.ek_min) >= qi.all_ek_min &&
-                       _mm512_reduce_max_epi32(tile.ek_max) <= qi.all_ek_max;
+  const __m512i lane_offset = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                 _mm512_set1_epi32(static_cast<int>(row_bytes)));
   // E2M1 code (bit 3 = sign) -> biased integer 12 ± 2·|value|, looked up by vpshufb per byte.
   const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   for (int64_t c = 0; c < K / 8; ++c) {
-    const __m512i packed = _mm512_loadu_si512(cols + c * W);
+    const __m512i packed =
+        _mm512_i32gather_epi32(_mm512_add_epi32(lane_offset, _mm512_set1_epi32(static_cast<int>(4 * c))), rows, 1);
     const __m512i even = _mm512_and_si512(packed, nibble);
     const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(packed, 4), nibble);
     _mm512_store_si512(tile.kb + (2 * c) * W, _mm512_shuffle_epi8(lut, even));
     _mm512_store_si512(tile.kb + (2 * c + 1) * W, _mm512_shuffle_epi8(lut, odd));
   }
+  __m512i lo = _mm512_set1_epi32(std::numeric_limits<int32_t>::max());
+  __m512i hi = _mm512_set1_epi32(std::numeric_limits<int32_t>::min());
+  __mmask16 finite = 0xFFFF;
+  for (int64_t b = 0; b < nb; ++b) {
+    // The scale byte sits in the last byte of the dword gathered here.
+    const __m512i at = _mm512_add_epi32(lane_offset, _mm512_set1_epi32(static_cast<int>(K / 2 + b - 3)));
+    const __m512i code = _mm512_srli_epi32(_mm512_i32gather_epi32(at, rows, 1), 24);
+    // 12·2^(code-128) overflows fp32 past 252; 255 is NaN.
+    const __mmask16 ok = _mm512_cmple_epi32_mask(code, _mm512_set1_epi32(252));
+    finite = static_cast<__mmask16>(finite & ok);
+    const __m512i ek = _mm512_sub_epi32(code, _mm512_set1_epi32(128));
+    lo = _mm512_min_epi32(lo, ek);
+    hi = _mm512_max_epi32(hi, ek);
+    // 2^ek: biased exponent code - 1 from code 2 on; 2^-127 and 2^-128 (codes 1, 0) are subnormal.
+    const __mmask16 normal = _mm512_cmpge_epi32_mask(code, _mm512_set1_epi32(2));
+    const __m512i sub = _mm512_srlv_epi32(_mm512_set1_epi32(0x00400000), _mm512_sub_epi32(_mm512_set1_epi32(1), code));
+    const __m512i bits = _mm512_mask_blend_epi32(normal, sub, _mm512_slli_epi32(_mm512_sub_epi32(code, _mm512_set1_epi32(1)), 23));
+    _mm512_store_ps(tile.scale + b * W, _mm512_maskz_mov_ps(ok, _mm512_castsi512_ps(bits)));
+  }
+  tile.ek_min = lo;
+  tile.ek_max = hi;
+  tile.ek_span = _mm512_sub_epi32(hi, lo);
+  tile.finite = finite;
+  tile.exact_for_all = finite == 0xFFFF && _mm512_reduce_max_epi32(tile.ek_span) <= qi.all_span_max &&
+                       _mm512_reduce_min_epi32(lo) >= qi.all_ek_min && _mm512_reduce_max_epi32(hi) <= qi.all_ek_max;
 }
 
-// dots[r] (W lanes) of rows rows[0..R) against the tile: Σ_b (I_b)·2^sq·2^ek, exact where the lanes'
-// checks hold (the rest is patched by the caller).
-template <int R>
-inline void integer_dots(const QueryInts& qi, const int64_t* rows, int64_t K, const KeyTile& tile, float* dots) {
+// dots[t][r] (W lanes each) of rows row0 .. row0+R-1 (consecutive heads of one query) against tiles
+// tile[0 .. T): Σ_b I_b·2^sq·2^ek, exact where the lanes' checks hold (the caller patches the rest).
+// R·T chains of vpdpbusd advance together to cover its latency.
+template <int R, int T>
+inline void integer_dots(const QueryInts& qi, int64_t row0, int64_t K, const KeyTile* tile, float* dots) {
   const int64_t nb = K / kBlock, dwords = K / 4;
-  __m512 dot[R];
-  for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_ps();
-  const int32_t* q[R];
-  for (int r = 0; r < R; ++r) q[r] = reinterpret_cast<const int32_t*>(qi.dwords.data() + rows[r] * dwords);
+  __m512 dot[T][R];
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) dot[t][r] = _mm512_setzero_ps();
+  const int32_t* q = reinterpret_cast<const int32_t*>(qi.dwords.data() + row0 * dwords);
   for (int64_t b = 0; b < nb; ++b) {
-    __m512i acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+    __m512i acc[T][R];
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < R; ++r) acc[t][r] = _mm512_setzero_si512();
     for (int d = 0; d < 8; ++d) {
-      const __m512i kv = _mm512_load_si512(tile.kb + (b * 8 + d) * W);
-      for (int r = 0; r < R; ++r) acc[r] = _mm512_dpbusd_epi32(acc[r], kv, _mm512_set1_epi32(q[r][b * 8 + d]));
+      for (int t = 0; t < T; ++t) {
+        const __m512i kv = _mm512_load_si512(tile[t].kb + (b * 8 + d) * W);
+        for (int r = 0; r < R; ++r) {
+          acc[t][r] = _mm512_dpbusd_epi32(acc[t][r], kv, _mm512_set1_epi32(q[r * dwords + b * 8 + d]));
+        }
+      }
     }
-    const __m512 ks = _mm512_load_ps(tile.scale + b * W);
-    for (int r = 0; r < R; ++r) {
-      const int64_t at = rows[r] * nb + b;
-      const __m512 block = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r], _mm512_set1_epi32(qi.bias[at])));
-      dot[r] = _mm512_add_ps(dot[r], _mm512_mul_ps(block, _mm512_mul_ps(ks, _mm512_set1_ps(qi.scale[at]))));
+    for (int t = 0; t < T; ++t) {
+      const __m512 ks = _mm512_load_ps(tile[t].scale + b * W);
+      for (int r = 0; r < R; ++r) {
+        const int64_t at = (row0 + r) * nb + b;
+        const __m512 block = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[t][r], _mm512_set1_epi32(qi.bias[at])));
+        dot[t][r] = _mm512_add_ps(dot[t][r], _mm512_mul_ps(block, _mm512_mul_ps(ks, _mm512_set1_ps(qi.scale[at]))));
+      }
     }
   }
-  for (int r = 0; r < R; ++r) _mm512_store_ps(dots + r * W, dot[r]);
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) _mm512_store_ps(dots + (t * R + r) * W, dot[t][r]);
 }
 
 // The lanes of `row` whose integer dot is the reference's (see the top).
@@ -289,79 +307,142 @@ inline __m512 round_bf16(__m512 x) {
   const __m512i r = _mm512_mask_blend_epi32(nan, rounded, quiet);
   return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
+// The same rounding for inputs that are no NaN but the default one (0x7FC00000 with either sign),
+// which it leaves as it is: three instructions fewer.
+inline __m512 round_bf16_no_payload(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)), lsb);
+  return _mm512_castsi512_ps(_mm512_and_si512(rounded, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
 inline __mmask16 first(int64_t n) { return static_cast<__mmask16>(n >= W ? 0xFFFFu : (1u << n) - 1u); }
 
-// Scores of the queries in [i0, i1) whose values are integers, against the tile of keys [t0, t0+count).
-void score_tile(const float* q, const float* weights, int64_t nh, int64_t K, const QueryInts& qi,
-                const uint8_t* const* keys, const KeyTile& tile, int64_t t0, int count, int64_t i0, int64_t i1,
-                const int64_t* visible, int64_t n_keys, int64_t* rows, float* dots, float* key, float* scores) {
-  // The rows to compute: every head of each query that sees part of the tile.
-  int64_t n_rows = 0;
-  for (int64_t i = i0; i < i1; ++i) {
-    if (!qi.integral[i] || visible[i] <= t0) continue;
-    for (int64_t h = 0; h < nh; ++h) rows[n_rows++] = i * nh + h;
+// Keys per chunk: a chunk's tiles (biased bytes and scales) stay in L2, about 128 KiB, while every
+// query of the call scores them and writes its scores for them in one run.
+constexpr int64_t kChunkBytes = 128 << 10;
+
+// Every query's `n` tiles from tiles[0] (keys t0 ..), its nh heads R at a time, T tiles at a time:
+// dots (buffer [T][nh][W]) then the patched lanes, the head sums in the reference's order, the scores.
+// bf16(Σ_h bf16(relu(bf16(dot_h))·w_h)) in h order, as the reference's head sum; dots as score_query
+// lays them out, `round` the bf16 rounding to use.
+template <int R, int T, class Round>
+inline __m512 head_sum(const float* d, const float* w, int64_t nh, Round round) {
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t h = 0; h < nh; ++h) {
+    const __m512 dot = _mm512_max_ps(_mm512_setzero_ps(), round(_mm512_load_ps(d + ((h / R) * R * T + h % R) * W)));
+    sum = _mm512_add_ps(sum, round(_mm512_mul_ps(dot, _mm512_set1_ps(w[h]))));
   }
-  int64_t r = 0;
-  for (; r + kRowsPerStep <= n_rows; r += kRowsPerStep) integer_dots<kRowsPerStep>(qi, rows + r, K, tile, dots + r * W);
-  for (; r < n_rows; ++r) integer_dots<1>(qi, rows + r, K, tile, dots + r * W);
-  // Patch the lanes the integers cannot stand for, then the head sums in the reference's order.
-  r = 0;
+  return round(sum);
+}
+
+template <int R, int T>
+void score_query(const float* q, const float* weights, int64_t i, int64_t nh, int64_t K, const QueryInts& qi,
+                 const uint8_t* const* keys, const KeyTile* tiles, int64_t n_tiles, int64_t t0, int64_t n_keys,
+                 int64_t visible, float* dots, float* key, float* scores) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  for (int64_t i = i0; i < i1; ++i) {
-    if (!qi.integral[i]) continue;
-    float* out = scores + i * n_keys + t0;
-    if (visible[i] <= t0) {
-      std::fill(out, out + count, neg_inf);
-      continue;
+  const float* w = weights + i * nh;
+  const bool weights_finite = std::all_of(w, w + nh, [](float x) { return std::isfinite(x); });
+  for (int64_t tile = 0; tile < n_tiles; tile += T) {
+    const int64_t k0 = t0 + tile * W;
+    if (k0 >= visible) {
+      std::fill(scores + i * n_keys + k0, scores + i * n_keys + std::min(n_keys, t0 + n_tiles * W), neg_inf);
+      return;
     }
-    const int64_t seen = std::min<int64_t>(visible[i] - t0, count);
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t h = 0; h < nh; ++h, ++r) {
-      float* d = dots + r * W;
-      const unsigned patch =
-          tile.exact_for_all ? 0u : first(seen) & ~static_cast<unsigned>(exact_lanes(qi, i * nh + h, tile));
-      for (unsigned m = patch; m != 0; m &= m - 1) {
-        const int l = std::countr_zero(m);
-        d[l] = chain_dot(q + (i * nh + h) * K, keys[t0 + l], K, key);
+    const int tiles_now = static_cast<int>(std::min<int64_t>(T, n_tiles - tile));
+    if (tiles_now == T) {
+      for (int64_t h = 0; h < nh; h += R) integer_dots<R, T>(qi, i * nh + h, K, tiles + tile, dots + h * T * W);
+    } else {
+      for (int t = 0; t < tiles_now; ++t) {
+        for (int64_t h = 0; h < nh; h += R) integer_dots<R, 1>(qi, i * nh + h, K, tiles + tile + t, dots + (h * T + t * R) * W);
       }
-      const __m512 dot = _mm512_max_ps(_mm512_setzero_ps(), round_bf16(_mm512_load_ps(d)));
-      sum = _mm512_add_ps(sum, round_bf16(_mm512_mul_ps(dot, _mm512_set1_ps(weights[i * nh + h]))));
     }
-    const __m512 score = _mm512_mask_blend_ps(first(seen), _mm512_set1_ps(neg_inf), round_bf16(sum));
-    _mm512_mask_storeu_ps(out, first(count), score);
+    for (int t = 0; t < tiles_now; ++t) {
+      const KeyTile& kt = tiles[tile + t];
+      const int64_t k = k0 + t * W;
+      const int64_t count = std::min<int64_t>(W, n_keys - k);
+      float* out = scores + i * n_keys + k;
+      if (k >= visible) {
+        std::fill(out, out + count, neg_inf);
+        continue;
+      }
+      const int64_t seen = std::min<int64_t>(visible - k, count);
+      const float* d = dots + t * R * W;  // head h at d + ((h / R)·R·T + h % R)·W
+      __m512 score;
+      if (kt.exact_for_all && weights_finite) {
+        // Every dot is finite and every weight too: the only NaN that can arise is the default one
+        // (inf - inf), so the roundings need no NaN case.
+        score = head_sum<R, T>(d, w, nh, round_bf16_no_payload);
+      } else {
+        for (int64_t h = 0; h < nh; ++h) {
+          float* dh = dots + ((h / R) * R * T + t * R + h % R) * W;
+          const unsigned patch =
+              kt.exact_for_all ? 0u : first(seen) & ~static_cast<unsigned>(exact_lanes(qi, i * nh + h, kt));
+          for (unsigned m = patch; m != 0; m &= m - 1) {
+            const int l = std::countr_zero(m);
+            dh[l] = chain_dot(q + (i * nh + h) * K, keys[k + l], K, key);
+          }
+        }
+        score = head_sum<R, T>(d, w, nh, round_bf16);
+      }
+      _mm512_mask_storeu_ps(out, first(count), _mm512_mask_blend_ps(first(seen), _mm512_set1_ps(neg_inf), score));
+    }
   }
+}
+
+using ScoreQuery = void (*)(const float*, const float*, int64_t, int64_t, int64_t, const QueryInts&,
+                            const uint8_t* const*, const KeyTile*, int64_t, int64_t, int64_t, int64_t, float*, float*,
+                            float*);
+
+// Heads R at a time (up to 8, whatever divides nh), and tiles enough to keep 8 chains going.
+struct QueryKernel {
+  ScoreQuery fn;
+  int tiles;
+};
+QueryKernel query_kernel(int64_t nh) {
+  if (nh % 8 == 0) return {score_query<8, 1>, 1};
+  if (nh % 4 == 0) return {score_query<4, 2>, 2};
+  if (nh % 2 == 0) return {score_query<2, 4>, 4};
+  return {score_query<1, 8>, 8};
 }
 
 void index_scores_integral(const Exec& ex, const float* q, const float* weights, int64_t nq, int64_t nh, int64_t K,
                            const uint8_t* const* keys, int64_t n_keys, const int64_t* visible, const QueryInts& qi,
                            float* scores) {
-  const int64_t tiles = (n_keys + W - 1) / W;
-  const int64_t group = std::clamp<int64_t>(kDotRows / nh, 1, nq);
   int64_t last_visible = 0;  // keys at or past it are seen by no query
   for (int64_t i = 0; i < nq; ++i) last_visible = std::max(last_visible, visible[i]);
+  const int64_t tiles = (n_keys + W - 1) / W;
   const bool parallel = nq * n_keys * nh * K >= kIndexScoreParallelWork;
-  ex.run(parallel, tiles, 1, [&](int64_t tile_begin, int64_t tile_end, Scratch& s) {
-    uint32_t* cols = s.get<uint32_t>(ScratchSlot::IndexColumns, static_cast<size_t>(K / 8 * W));
-    KeyTile tile{};
-    tile.kb = s.get<uint32_t>(ScratchSlot::IndexKeyBytes, static_cast<size_t>(K / 4 * W));
-    tile.scale = s.get<float>(ScratchSlot::IndexScales, static_cast<size_t>(K / kBlock * W));
-    const int64_t max_rows = std::max<int64_t>(group * nh, 1);
-    float* dots = s.get<float>(ScratchSlot::IndexAcc, static_cast<size_t>(max_rows * W + K));
-    float* key = dots + max_rows * W;
-    int64_t* rows = s.get<int64_t>(ScratchSlot::IndexRows, static_cast<size_t>(max_rows));
-    for (int64_t t = tile_begin; t < tile_end; ++t) {
-      const int64_t t0 = t * W;
-      const int count = static_cast<int>(std::min<int64_t>(W, n_keys - t0));
+  // Chunks no larger than L2 allows, and at least one per worker where the work is split.
+  const int64_t tile_bytes = K / 4 * W * 4 + K / kBlock * W * 4;
+  const int64_t per_worker = parallel ? (tiles + ex.threads() - 1) / ex.threads() : tiles;
+  const int64_t chunk_tiles = std::clamp<int64_t>(kChunkBytes / tile_bytes, 1, std::max<int64_t>(per_worker, 1));
+  const int64_t chunks = (tiles + chunk_tiles - 1) / chunk_tiles;
+  const QueryKernel kernel = query_kernel(nh);
+  ex.run(parallel, chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end, Scratch& s) {
+    uint8_t* rows = s.get<uint8_t>(ScratchSlot::IndexColumns, static_cast<size_t>(W * (K / 2 + K / kBlock) + 64));
+    uint32_t* kb = s.get<uint32_t>(ScratchSlot::IndexKeyBytes, static_cast<size_t>(chunk_tiles * K / 4 * W));
+    float* scale = s.get<float>(ScratchSlot::IndexScales, static_cast<size_t>(chunk_tiles * (K / kBlock) * W));
+    KeyTile* tile = s.get<KeyTile>(ScratchSlot::IndexTiles, static_cast<size_t>(chunk_tiles));
+    float* dots = s.get<float>(ScratchSlot::IndexAcc, static_cast<size_t>(kernel.tiles * nh * W + K));
+    float* key = dots + kernel.tiles * nh * W;
+    for (int64_t chunk = chunk_begin; chunk < chunk_end; ++chunk) {
+      const int64_t first_tile = chunk * chunk_tiles, n_tiles = std::min(chunk_tiles, tiles - first_tile);
+      const int64_t t0 = first_tile * W, t1 = std::min(n_keys, t0 + n_tiles * W);
       if (t0 >= last_visible) {
         for (int64_t i = 0; i < nq; ++i) {
-          if (qi.integral[i]) std::fill_n(scores + i * n_keys + t0, count, -std::numeric_limits<float>::infinity());
+          if (qi.integral[i]) std::fill(scores + i * n_keys + t0, scores + i * n_keys + t1, -std::numeric_limits<float>::infinity());
         }
         continue;
       }
-      pack_keys(keys, t0, count, K, qi, cols, tile);
-      for (int64_t i0 = 0; i0 < nq; i0 += group) {
-        score_tile(q, weights, nh, K, qi, keys, tile, t0, count, i0, std::min(nq, i0 + group), visible, n_keys,
-                   rows, dots, key, scores);
+      for (int64_t t = 0; t < n_tiles; ++t) {
+        tile[t].kb = kb + t * (K / 4) * W;
+        tile[t].scale = scale + t * (K / kBlock) * W;
+        const int64_t k = t0 + t * W;
+        pack_keys(keys, k, static_cast<int>(std::min<int64_t>(W, n_keys - k)), K, qi, rows, tile[t]);
+      }
+      for (int64_t i = 0; i < nq; ++i) {
+        if (!qi.integral[i]) continue;
+        kernel.fn(q, weights, i, nh, K, qi, keys, tile, n_tiles, t0, n_keys, visible[i], dots, key, scores);
       }
     }
   });

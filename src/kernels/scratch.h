@@ -25,11 +25,11 @@ enum class ScratchSlot {
   AttentionLogits,   // one chunk's logits
   AttentionRows,     // a query's K=V rows decoded to fp32 (the calling thread's)
   AttentionRowList,  // pointers to them, null for empty slots
-  IndexColumns,      // a key tile regrouped lane-wise
+  IndexColumns,      // a key tile regrouped lane-wise (the integer path: its rows side by side)
   IndexKeyBytes,     // the same tile as biased bytes for vpdpbusd
   IndexScales,       // its E8M0 scales as fp32
   IndexAcc,          // dot chains of a query group
-  IndexRows,         // the query rows a key tile is scored against
+  IndexTiles,        // a chunk of key tiles' descriptions for vpdpbusd
   IndexKeys,         // key rows of one query's candidate pool
   IndexScores,       // scores of those rows
   DenseQuery,        // the ViT's attention: a block of queries transposed, queries in lanes

@@ -292,8 +292,8 @@ constexpr SimdOps kAmxBf16 = [] {
   return ops;
 }();
 
-// The AVX-512 levels score the indexer in integers where the CPU has VNNI: the same bits, a quarter
-// of the instructions (index_score_vnni.cpp).
+// The AVX-512 levels score the indexer in integers where the CPU has VNNI: the same bits, 2.4-3 times
+// as fast at the released widths (index_score_vnni.cpp, docs/performance.md).
 bool integer_indexer(Isa level) { return level >= Isa::avx512 && cpu_features().avx512_vnni; }
 SimdOps with_integer_indexer(Isa level, SimdOps ops) {
   if (integer_indexer(level)) {
@@ -306,7 +306,9 @@ SimdOps with_integer_indexer(Isa level, SimdOps ops) {
 class SimdBackend final : public Backend {
  public:
   SimdBackend(Isa level, const SimdOps& ops, const BackendOptions& o)
-      : Backend(level, o, ops.tile_rows), ops_(with_integer_indexer(level, ops)), integer_indexer_(integer_indexer(level)) {}
+      : Backend(level, o, ops.tile_rows),
+        ops_(with_integer_indexer(level, ops)),
+        integer_indexer_(integer_indexer(level)) {}
 
   const char* index_score_unit() const override { return integer_indexer_ ? "avx512_vnni_int8" : "fp32"; }
 

@@ -30,7 +30,6 @@
 #include <vector>
 
 #include "kernels/index_score.h"
-#include "kernels/linear_internal.h"
 #include "kernels/reference.h"
 #include "numeric/row_codecs.h"
 
@@ -207,8 +206,9 @@ void pack_keys(const uint8_t* const* keys, int64_t t0, int count, int64_t K, con
     }
     for (int64_t b = 0; b < nb; ++b) to[K / 2 + b] = key[K / 2 + b];
   }
-  const __m512i lane_offset = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                                 _mm512_set1_epi32(static_cast<int>(row_bytes)));
+  const __m512i lane_offset =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(static_cast<int>(row_bytes)));
   // E2M1 code (bit 3 = sign) -> biased integer 12 ± 2·|value|, looked up by vpshufb per byte.
   const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
   const __m512i nibble = _mm512_set1_epi8(0x0F);
@@ -236,7 +236,8 @@ void pack_keys(const uint8_t* const* keys, int64_t t0, int count, int64_t K, con
     // 2^ek: biased exponent code - 1 from code 2 on; 2^-127 and 2^-128 (codes 1, 0) are subnormal.
     const __mmask16 normal = _mm512_cmpge_epi32_mask(code, _mm512_set1_epi32(2));
     const __m512i sub = _mm512_srlv_epi32(_mm512_set1_epi32(0x00400000), _mm512_sub_epi32(_mm512_set1_epi32(1), code));
-    const __m512i bits = _mm512_mask_blend_epi32(normal, sub, _mm512_slli_epi32(_mm512_sub_epi32(code, _mm512_set1_epi32(1)), 23));
+    const __m512i biased = _mm512_slli_epi32(_mm512_sub_epi32(code, _mm512_set1_epi32(1)), 23);
+    const __m512i bits = _mm512_mask_blend_epi32(normal, sub, biased);
     _mm512_store_ps(tile.scale + b * W, _mm512_maskz_mov_ps(ok, _mm512_castsi512_ps(bits)));
   }
   tile.ek_min = lo;
@@ -353,7 +354,9 @@ void score_query(const float* q, const float* weights, int64_t i, int64_t nh, in
       for (int64_t h = 0; h < nh; h += R) integer_dots<R, T>(qi, i * nh + h, K, tiles + tile, dots + h * T * W);
     } else {
       for (int t = 0; t < tiles_now; ++t) {
-        for (int64_t h = 0; h < nh; h += R) integer_dots<R, 1>(qi, i * nh + h, K, tiles + tile + t, dots + (h * T + t * R) * W);
+        for (int64_t h = 0; h < nh; h += R) {
+          integer_dots<R, 1>(qi, i * nh + h, K, tiles + tile + t, dots + (h * T + t * R) * W);
+        }
       }
     }
     for (int t = 0; t < tiles_now; ++t) {
@@ -430,7 +433,8 @@ void index_scores_integral(const Exec& ex, const float* q, const float* weights,
       const int64_t t0 = first_tile * W, t1 = std::min(n_keys, t0 + n_tiles * W);
       if (t0 >= last_visible) {
         for (int64_t i = 0; i < nq; ++i) {
-          if (qi.integral[i]) std::fill(scores + i * n_keys + t0, scores + i * n_keys + t1, -std::numeric_limits<float>::infinity());
+          if (!qi.integral[i]) continue;
+          std::fill(scores + i * n_keys + t0, scores + i * n_keys + t1, -std::numeric_limits<float>::infinity());
         }
         continue;
       }

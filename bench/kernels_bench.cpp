@@ -443,6 +443,8 @@ BENCHMARK(IndexScores)
     ->Args({2, 64, 2048, 2, 32, 128})
     ->Args({1, 16, 65536, 1, 2, 32})
     ->Args({2, 16, 65536, 1, 2, 32})
+    ->Args({1, 1, 32768, 1, 2, 32})
+    ->Args({2, 1, 32768, 1, 2, 32})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -478,31 +478,14 @@ void index_scores_avx512_vnni(const Exec& ex, const float* q, const float* weigh
   index_score_vnni::index_scores(ex, q, weights, nq, nh, K, keys, n_keys, visible, scores);
 }
 
-// Per query: its pool's visible keys gathered and scored as a history of their own, as the fp32
-// kernel does (index_score_simd_impl.h).
+// Candidate pools: each query's pool scored as a history of its own (index_score.h).
 void index_scores_in_pool_avx512_vnni(const Exec& ex, const float* q, const float* weights, int64_t nq, int64_t nh,
                                       int64_t K, const uint8_t* const* keys, int64_t n_keys, const int64_t* visible,
                                       const std::vector<int32_t>* pools, int64_t block_size, float* scores) {
-  std::fill(scores, scores + nq * n_keys, -std::numeric_limits<float>::infinity());
-  std::vector<const uint8_t*> pool_keys;
-  std::vector<int64_t> pool_ids;
-  std::vector<float> pool_scores;
-  for (int64_t i = 0; i < nq; ++i) {
-    pool_keys.clear();
-    pool_ids.clear();
-    for (int32_t b : pools[i]) {
-      for (int64_t t = b * block_size; t < std::min({n_keys, visible[i], (b + 1) * block_size}); ++t) {
-        pool_keys.push_back(keys[t]);
-        pool_ids.push_back(t);
-      }
-    }
-    const int64_t n = static_cast<int64_t>(pool_keys.size());
-    if (n == 0) continue;
-    pool_scores.resize(static_cast<size_t>(n));
-    index_score_vnni::index_scores(ex, q + i * nh * K, weights + i * nh, 1, nh, K, pool_keys.data(), n, &n,
-                                   pool_scores.data());
-    for (int64_t j = 0; j < n; ++j) scores[i * n_keys + pool_ids[j]] = pool_scores[j];
-  }
+  index_scores_in_pools(q, weights, nq, nh, K, keys, n_keys, visible, pools, block_size, scores,
+                        [&](const float* qi, const float* wi, const uint8_t* const* pool, int64_t n, float* out) {
+                          index_score_vnni::index_scores(ex, qi, wi, 1, nh, K, pool, n, &n, out);
+                        });
 }
 
 }  // namespace dsv41::detail

@@ -105,20 +105,28 @@ const std::vector<ScoreShape> kScoreShapes = {
     {1, 32, 128, 9}, {2, 7, 160, 24}, {6, 32, 128, 100}, {19, 64, 128, 37}, {1, 64, 128, 1000},
     {33, 8, 64, 513}};
 
+// Every fast level's scores of `q` against `keys`, bit for bit the scalar reference's (`any_nan`: as
+// first_difference).
+void expect_fast_scores_match(const ScoreShape& s, const KeyRows& keys, const std::vector<float>& q,
+                              const std::vector<float>& w, const std::vector<int64_t>& visible, bool any_nan,
+                              const std::string& what = "") {
+  std::vector<float> want(static_cast<size_t>(s.nq * s.n_keys));
+  reference::index_scores(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(),
+                          want.data());
+  for (const Backend* be : fast_backends()) {
+    std::vector<float> got(want.size(), 12345.0f);
+    be->index_scores(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(), got.data());
+    EXPECT_EQ(first_difference(got, want, any_nan), "") << describe(*be, s) << what;
+  }
+}
+
 void expect_scores_match(std::mt19937& rng, int scale_lo, int scale_hi, bool fp4_queries, bool any_nan) {
   for (const ScoreShape& s : kScoreShapes) {
     const KeyRows keys = random_keys(rng, s.n_keys, s.K, scale_lo, scale_hi);
     const std::vector<float> q = random_queries(rng, s.nq * s.nh * s.K, fp4_queries);
     const std::vector<float> w = random_weights(rng, s.nq * s.nh);
     const std::vector<int64_t> visible = random_visible(rng, s.nq, s.n_keys);
-    std::vector<float> want(static_cast<size_t>(s.nq * s.n_keys));
-    reference::index_scores(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(),
-                                want.data());
-    for (const Backend* be : fast_backends()) {
-      std::vector<float> got(want.size(), 12345.0f);
-      be->index_scores(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(), got.data());
-      EXPECT_EQ(first_difference(got, want, any_nan), "") << describe(*be, s);
-    }
+    expect_fast_scores_match(s, keys, q, w, visible, any_nan);
   }
 }
 
@@ -181,14 +189,7 @@ TEST(IndexScores, FastMatchesScalarOnTheModelsScales) {
     fp4_qdq_e8m0(q.data(), q.size());
     const std::vector<float> w = random_weights(rng, s.nq * s.nh);
     const std::vector<int64_t> visible = random_visible(rng, s.nq, s.n_keys);
-    std::vector<float> want(static_cast<size_t>(s.nq * s.n_keys));
-    reference::index_scores(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(),
-                            want.data());
-    for (const Backend* be : fast_backends()) {
-      std::vector<float> got(want.size(), 12345.0f);
-      be->index_scores(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(), got.data());
-      EXPECT_EQ(first_difference(got, want), "") << describe(*be, s);
-    }
+    expect_fast_scores_match(s, keys, q, w, visible, false);
   }
 }
 
@@ -208,14 +209,7 @@ TEST(IndexScores, FastMatchesScalarForQueriesAtExtremeMagnitudes) {
     for (auto& v : q) v = std::ldexp(static_cast<float>(integer(rng)), e);
     const std::vector<float> w = random_weights(rng, s.nq * s.nh);
     const std::vector<int64_t> visible = random_visible(rng, s.nq, s.n_keys);
-    std::vector<float> want(static_cast<size_t>(s.nq * s.n_keys));
-    reference::index_scores(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(),
-                            want.data());
-    for (const Backend* be : fast_backends()) {
-      std::vector<float> got(want.size(), 12345.0f);
-      be->index_scores(q.data(), w.data(), s.nq, s.nh, s.K, keys.rows.data(), s.n_keys, visible.data(), got.data());
-      EXPECT_EQ(first_difference(got, want, true), "") << describe(*be, s) << " queries at 2^" << e;
-    }
+    expect_fast_scores_match(s, keys, q, w, visible, true, " queries at 2^" + std::to_string(e));
   }
 }
 

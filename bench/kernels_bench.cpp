@@ -224,6 +224,8 @@ void GemvArgs(benchmark::internal::Benchmark* b, const std::vector<std::pair<int
         for (const int64_t packed : {0, 1}) b->Args({n, k, isa, threads, packed});
       }
     }
+    // avx512_bf16 (skipped where absent): its own GEMV reads packed tiles only
+    for (const int64_t threads : {1, 2}) b->Args({n, k, 3, threads, 1});
   }
   b->UseRealTime()->Unit(benchmark::kMicrosecond);
 }
@@ -286,7 +288,7 @@ void GemmArgs(benchmark::internal::Benchmark* b, int64_t n, int64_t k) {
   b->ArgNames({"m", "n", "k", "isa"});
   b->Args({64, n, k, 0});  // the scalar reference, once, for scale
   for (const int64_t m : {64, 128, 256, 512}) {
-    for (const int64_t isa : {1, 2}) b->Args({m, n, k, isa});
+    for (const int64_t isa : {1, 2, 3}) b->Args({m, n, k, isa});  // 3: avx512_bf16, skipped where absent
   }
   b->UseRealTime()->Unit(benchmark::kMillisecond);
 }

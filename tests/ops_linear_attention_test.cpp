@@ -166,6 +166,63 @@ TEST(KernelsSimd, OutOfRangeScalesTakeTheReferencesPath) {
   }
 }
 
+// The AVX-512-BF16 level folds power-of-two scales into its operands while every scale exponent is
+// within ±50 (simd_avx512_bf16.cpp); a weight tile with a scale outside takes the AVX-512 path, and so
+// does a call with an activation scale outside. Activation scales at that edge (act_quant's least is
+// 2^-22) and, in a second call, one past it; weight scales at ±50, ±51 and 2^-115 (folded, such a
+// tile's small weights would be subnormal bf16 values, which vdpbf16ps flushes); the smallest and
+// largest codes (e4m3 subnormals among the activations and FP8 weights, ±448, FP4 ±0.5 and ±6): the
+// reference's bits at every level, through the GEMM path and the GEMV.
+TEST(KernelsSimd, ScalesAtTheFoldedRangesEdgesMatchScalar) {
+  std::mt19937 rng(16);
+  const int64_t n = 96, k = 256, kb = k / 32;
+  const int exponents[] = {50, 49, 25, 0, -22, 10, -10, 50, 51};  // the last row only in the second call
+  const int64_t m = std::size(exponents);
+  std::vector<float> x(static_cast<size_t>(m * k));
+  std::uniform_int_distribution<int> pick(0, 3);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < k; ++j) {
+      // each block's largest |x| is 448·2^e (act_quant's scale 2^e); a quarter of the values fall below
+      // e4m3's normal range once divided by it
+      const float v = j % 32 == 0 ? 448.0f : pick(rng) == 0 ? std::ldexp(dist(rng), -8) : 100.0f * dist(rng);
+      x[static_cast<size_t>(i * k + j)] = round_bf16(std::ldexp(v, exponents[i]));
+    }
+  }
+  // weight scales block by block (FP8: per 32-row tile; FP4: per row): the first tile at 2^±50, the
+  // second at each of the codes, the third at 2^-115 throughout (so nothing larger hides its sums)
+  const uint8_t codes[] = {127 + 50, 127 - 51, 127 + 51, 127, 127 - 50, 127 - 115, 127 + 49};
+  const auto code = [&](size_t tile, size_t i) -> uint8_t {
+    return tile == 0 ? codes[i % 2 ? 0 : 4] : tile == 1 ? codes[i % std::size(codes)] : uint8_t{127 - 115};
+  };
+  std::vector<uint8_t> s8(static_cast<size_t>((n / 32) * kb)), s4(static_cast<size_t>(n * kb));
+  for (size_t i = 0; i < s8.size(); ++i) s8[i] = code(i / kb, i);
+  for (size_t i = 0; i < s4.size(); ++i) s4[i] = code(i / kb / 32, i + i / kb);
+  std::vector<uint8_t> w8 = random_e4m3(rng, static_cast<size_t>(n * k));
+  for (size_t i = 0; i < w8.size(); i += 5) w8[i] = static_cast<uint8_t>((i % 2 ? 0x80 : 0x00) | (1 + i % 7));  // subnormals
+  for (size_t i = 3; i < w8.size(); i += 11) w8[i] = i % 2 ? 0xFE : 0x7E;                                         // ±448
+  std::vector<uint8_t> w4 = random_bytes(rng, static_cast<size_t>(n * k / 2));
+  for (size_t i = 0; i < w4.size(); i += 3) w4[i] = i % 2 ? 0x79 : 0x9F;  // ±6 and ±0.5
+  const Fp8Matrix m8{w8.data(), s8.data(), n, k};
+  const Fp4Matrix m4{w4.data(), s4.data(), n, k};
+  for (const int64_t rows : {m - 1, m, int64_t{1}}) {
+    std::vector<float> want8(static_cast<size_t>(rows * n)), want4(want8.size());
+    reference::linear_fp8(x.data(), rows, m8, want8.data());
+    reference::linear_fp4(x.data(), rows, m4, want4.data());
+    for (const Backend* be : fast_backends()) {
+      if (!bits_are_the_references(*be)) continue;  // the AMX level's sums are its own
+      for (const bool packed : {false, true}) {
+        std::unique_ptr<PackedWeights> p8, p4;
+        std::vector<float> got8(want8.size()), got4(want4.size());
+        be->linear_fp8(x.data(), rows, packed ? packed_for(*be, m8, p8) : m8, got8.data());
+        be->linear_fp4(x.data(), rows, packed ? packed_for(*be, m4, p4) : m4, got4.data());
+        EXPECT_EQ(first_difference(got8, want8), "") << "fp8 m=" << rows << (packed ? " packed " : " ") << label(*be);
+        EXPECT_EQ(first_difference(got4, want4), "") << "fp4 m=" << rows << (packed ? " packed " : " ") << label(*be);
+      }
+    }
+  }
+}
+
 // Every level, the AMX one included (whose bits are its own): a row's output is the same alone, in
 // a decode-sized batch and in a prompt-sized one, so batching, chunking and speculative verification
 // never change a token.

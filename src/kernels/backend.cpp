@@ -295,10 +295,18 @@ constexpr SimdOps kAmxBf16 = [] {
 // The AVX-512 levels score the indexer in integers where the CPU has VNNI: the same bits, 2.4-3 times
 // as fast at the released widths (index_score_vnni.cpp, docs/performance.md).
 bool integer_indexer(Isa level) { return level >= Isa::avx512 && cpu_features().avx512_vnni; }
-SimdOps with_integer_indexer(Isa level, SimdOps ops) {
+// The AVX-512-BF16 level runs its decode steps' GEMV on vdpbf16ps too where the CPU has VBMI (the
+// weights' pairs come from byte permutes): the same bits (simd_avx512_bf16.cpp).
+bool pair_gemv(Isa level) { return level == Isa::avx512_bf16 && cpu_features().avx512_vbmi; }
+// The level's ops with the units this CPU adds to it.
+SimdOps for_this_cpu(Isa level, SimdOps ops) {
   if (integer_indexer(level)) {
     ops.index_scores = detail::index_scores_avx512_vnni;
     ops.index_scores_in_pool = detail::index_scores_in_pool_avx512_vnni;
+  }
+  if (pair_gemv(level)) {
+    ops.linear_fp8 = detail::linear_fp8_avx512_bf16_vbmi;
+    ops.linear_fp4 = detail::linear_fp4_avx512_bf16_vbmi;
   }
   return ops;
 }
@@ -307,7 +315,7 @@ class SimdBackend final : public Backend {
  public:
   SimdBackend(Isa level, const SimdOps& ops, const BackendOptions& o)
       : Backend(level, o, ops.tile_rows),
-        ops_(with_integer_indexer(level, ops)),
+        ops_(for_this_cpu(level, ops)),
         integer_indexer_(integer_indexer(level)) {}
 
   const char* index_score_unit() const override { return integer_indexer_ ? "avx512_vnni_int8" : "fp32"; }

@@ -48,6 +48,7 @@ CpuFeatures detect() {
   const bool avx512bw = (b & (1u << 30)) != 0;
   const bool avx512vl = (b & (1u << 31)) != 0;
   const bool avx512vnni = (c & (1u << 11)) != 0;
+  const bool avx512vbmi = (c & (1u << 1)) != 0;
   const unsigned max_sub = a;
   const bool amx_bf16 = (d & (1u << 22)) != 0;
   const bool amx_tile = (d & (1u << 24)) != 0;
@@ -57,6 +58,7 @@ CpuFeatures detect() {
   f.avx512 = f.avx2 && os_zmm && avx512f && avx512dq && avx512bw && avx512vl;
   f.avx512_bf16 = f.avx512 && bf16;
   f.avx512_vnni = f.avx512 && avx512vnni;
+  f.avx512_vbmi = f.avx512 && avx512vbmi;
   f.bf16_dot_in_order = f.avx512_bf16 && detail::bf16_dot_rounds_in_order();
   if (f.avx512_bf16) f.bf16_dot_over_fma = detail::bf16_dot_over_fma_rate();
   f.amx_bf16 = os_tiles && amx_tile && amx_bf16;

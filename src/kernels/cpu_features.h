@@ -17,6 +17,7 @@ struct CpuFeatures {
   bool avx512 = false;       // AVX-512 F/BW/VL/DQ, with the OS saving zmm and opmask state
   bool avx512_bf16 = false;  // AVX-512 + vdpbf16ps
   bool avx512_vnni = false;  // AVX-512 + vpdpbusd (the indexer's scores in integers, same bits)
+  bool avx512_vbmi = false;  // AVX-512 + byte permutes (vpermb, vpermi2b: the decode steps' weights as bf16 pairs)
   // vdpbf16ps rounds each of a lane's two products into the accumulator in turn, the upper first
   // (Intel's definition; probed, since the level's exactness rests on it)
   bool bf16_dot_in_order = false;

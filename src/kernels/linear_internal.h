@@ -59,6 +59,10 @@ void linear_fp8_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Fp8
 void linear_fp4_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Fp4Matrix& w, float* y);
 void linear_bf16_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Bf16Matrix& w, float* y);
 void linear_f32_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Bf16Matrix& w, float* y);
+// The same, with the GEMV of packed tiles on vdpbf16ps too (weights turned into pairs by VBMI's byte
+// permutes); only where the CPU has AVX-512 VBMI. The same bits.
+void linear_fp8_avx512_bf16_vbmi(const Exec& ex, const float* x, int64_t m, const Fp8Matrix& w, float* y);
+void linear_fp4_avx512_bf16_vbmi(const Exec& ex, const float* x, int64_t m, const Fp4Matrix& w, float* y);
 // The AMX-BF16 level's FP8, FP4 and BF16 layers (simd_amx.cpp): every row count on the tile unit,
 // with that level's own numerics (declared there).
 void linear_fp8_amx(const Exec& ex, const float* x, int64_t m, const Fp8Matrix& w, float* y);

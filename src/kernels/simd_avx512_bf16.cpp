@@ -102,81 +102,150 @@ struct PairSink {
   void end(int64_t) {}
 };
 
-// The activations (prescaled act_quant values, exact in bf16) as pairs: [m][k/2].
-std::vector<uint32_t> activation_pairs(const Exec& ex, const QuantizedActivations& a, bool parallel) {
-  std::vector<uint32_t> out(static_cast<size_t>(a.m * (a.k / 2)));
-  const auto rows = [&](int64_t i0, int64_t i1, Scratch&) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const float* x = a.row(i);
-      uint32_t* o = out.data() + i * (a.k / 2);
-      for (int64_t p = 0; p < a.k / 2; ++p) o[p] = pair_bf16(x[2 * p], x[2 * p + 1]);
-    }
-  };
-  ex.run(parallel && a.m > 1, a.m, 1, rows);
-  return out;
+// ---- the GEMM -------------------------------------------------------------------------------------
+//
+// The reference adds (partial·a_s)·w_s per block, both scales powers of two (ue8m0 / E8M0). Scaling by a
+// power of two commutes with every rounding as long as nothing leaves fp32's normal range, so the
+// scales are folded into the operands instead: the activation pairs hold a·a_s, the weight panel w·w_s,
+// each block's chain of vdpbf16ps then computes partial·a_s·w_s directly, and the accumulation over
+// blocks is one add per block (on the adder, beside the dot unit, instead of two multiplies on it).
+// With every scale exponent in [-kFoldedExponent, kFoldedExponent] nothing leaves that range: the
+// operands stay normal bf16 values (|a| in [2^-9, 2^17], |w| in [2^-17, 6] before scaling), every
+// product and partial sum of a block is a multiple of 2^-18 · 2^(e_a + e_w) >= 2^-118 and at most
+// 32 · 2^17.6 · 2^(e_a + e_w) < 2^123, and the reference's partial·a_s is inside the same bounds. A call
+// whose activation scales fall outside, or a tile whose weight scales do, runs the AVX-512 level's
+// kernel: the same bits at half the rate.
+constexpr int kFoldedExponent = 50;
+
+inline bool folded_exponent(float scale) {
+  uint32_t bits;
+  std::memcpy(&bits, &scale, 4);
+  const int e = static_cast<int>((bits >> 23) & 0xFFu) - 127;  // zero, subnormal, inf and NaN fall outside
+  return (bits & 0x807FFFFFu) == 0 && e >= -kFoldedExponent && e <= kFoldedExponent;
 }
 
-// ---- the GEMM -------------------------------------------------------------------------------------
+// Lanes of 16 scales outside the folded range.
+inline __mmask16 outside_folded(__m512 scales) {
+  const __m512i bits = _mm512_castps_si512(scales);
+  const __mmask16 not_pow2 = _mm512_test_epi32_mask(bits, _mm512_set1_epi32(static_cast<int>(0x807FFFFFu)));
+  const __m512i from_least = _mm512_sub_epi32(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(127 - kFoldedExponent));
+  return static_cast<__mmask16>(not_pow2 | _mm512_cmpgt_epu32_mask(from_least, _mm512_set1_epi32(2 * kFoldedExponent)));
+}
 
-// MI activation rows × one tile over the panel's blocks [c0, c1), as linear_simd_impl.h's micro:
-// per block 2·MI partial chains of 16 vdpbf16ps, then the scaled accumulation in fp32.
+inline bool folded_exponents(const float* scales, int64_t count) {
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    if (outside_folded(_mm512_loadu_ps(scales + i)) != 0) return false;
+  }
+  for (; i < count; ++i) {
+    if (!folded_exponent(scales[i])) return false;
+  }
+  return true;
+}
+
+// Activation rows in groups of kGroupRows (the last group has the rest), each group's pairs
+// interleaved by row, [kp][rows]: the micro kernel broadcasts them from one pointer at fixed offsets.
+constexpr int kGroupRows = 6;  // 2·6 chains + 2·6 accumulators + 3 operands of 32 registers
+
+inline int64_t group_rows(int64_t m, int64_t i0) { return std::min<int64_t>(kGroupRows, m - i0); }
+
+// The activations (prescaled act_quant values, exact in bf16) times their block's scale, as pairs in
+// groups into `out` (m · k/2 values); false when a scale is outside the folded range.
+bool scaled_activation_pairs(const Exec& ex, const QuantizedActivations& a, bool parallel, uint32_t* out) {
+  const int64_t kb = a.k / kQBlock, kp = a.k / 2;
+  if (!folded_exponents(a.scales.data(), a.m * kb)) return false;
+  const auto rows = [&](int64_t i0, int64_t i1, Scratch&) {
+    alignas(64) uint32_t block[kPairs];
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t g0 = i - i % kGroupRows, r = i - g0, n = group_rows(a.m, g0);
+      const float* x = a.row(i);
+      const float* xs = a.row_scales(i);
+      uint32_t* o = out + g0 * kp + r;
+      for (int64_t b = 0; b < kb; ++b) {
+        const __m512 s = _mm512_set1_ps(xs[b]);
+        const __m512 lo = _mm512_mul_ps(_mm512_loadu_ps(x + b * kQBlock), s);
+        const __m512 hi = _mm512_mul_ps(_mm512_loadu_ps(x + b * kQBlock + 16), s);
+        // vcvtne2ps2bf16 is exact on bf16 values; the rotation puts each even k in the upper half
+        _mm512_store_si512(block, _mm512_rol_epi32((__m512i)_mm512_cvtne2ps_pbh(hi, lo), 16));
+        for (int q = 0; q < kPairs; ++q) o[(b * kPairs + q) * n] = block[q];
+      }
+    }
+  };
+  ex.run(parallel && a.m > 1, a.m, kGroupRows, rows);
+  return true;
+}
+
+// PairSink with each block's weights times their scales (ws: [kb][2][W]).
+struct ScaledPairSink : PairSink {
+  const float* ws;
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  void begin(int64_t b) {
+    PairSink::begin(b);
+    s0 = _mm512_loadu_ps(ws + (2 * b) * V::W);
+    s1 = _mm512_loadu_ps(ws + (2 * b + 1) * V::W);
+  }
+  void w(int j, __m512 v0, __m512 v1) { PairSink::w(j, _mm512_mul_ps(v0, s0), _mm512_mul_ps(v1, s1)); }
+};
+
+// One group of MI activation rows (xg: its pairs, [kp][MI]) × one tile over the panel's blocks
+// [c0, c1): per block 2·MI chains of 16 vdpbf16ps from zero (the block's scaled partial sums), each
+// then added to its row's accumulator; chains and accumulators stay in registers.
 template <int MI>
-void micro_pairs(const uint32_t* xp, const float* xs, int64_t i0, int64_t k, const uint32_t* panel, const float* ws,
-                 int64_t c0, int64_t c1, float* acc_buf) {
+void micro_pairs(const uint32_t* xg, const uint32_t* panel, int64_t c0, int64_t c1, float* acc_buf) {
   using F = V::F;
-  const int64_t kb = k / kQBlock, kp = k / 2;
   F acc[MI][2];
   for (int ii = 0; ii < MI; ++ii) {
-    acc[ii][0] = V::load(acc_buf + (i0 + ii) * kTileRows);
-    acc[ii][1] = V::load(acc_buf + (i0 + ii) * kTileRows + V::W);
+    acc[ii][0] = V::load(acc_buf + ii * kTileRows);
+    acc[ii][1] = V::load(acc_buf + ii * kTileRows + V::W);
   }
   for (int64_t b = c0; b < c1; ++b) {
     const uint32_t* p = panel + (b - c0) * kPairs * kTileRows;
+    const uint32_t* xb = xg + b * kPairs * MI;
     F part[MI][2];
     for (int ii = 0; ii < MI; ++ii) part[ii][0] = part[ii][1] = V::zero();
     for (int q = 0; q < kPairs; ++q) {
       const __m512i w0 = _mm512_loadu_si512(p + q * kTileRows), w1 = _mm512_loadu_si512(p + q * kTileRows + V::W);
       for (int ii = 0; ii < MI; ++ii) {
-        const __m512i av = _mm512_set1_epi32(static_cast<int>(xp[(i0 + ii) * kp + b * kPairs + q]));
+        const __m512i av = _mm512_set1_epi32(static_cast<int>(xb[q * MI + ii]));
         part[ii][0] = dot_pairs(part[ii][0], av, w0);
         part[ii][1] = dot_pairs(part[ii][1], av, w1);
       }
     }
-    const F s0 = V::load(ws + (2 * b) * V::W), s1 = V::load(ws + (2 * b + 1) * V::W);
     for (int ii = 0; ii < MI; ++ii) {
-      const F as = V::set1(xs[(i0 + ii) * kb + b]);
-      acc[ii][0] = V::add(acc[ii][0], V::mul(V::mul(part[ii][0], as), s0));
-      acc[ii][1] = V::add(acc[ii][1], V::mul(V::mul(part[ii][1], as), s1));
+      acc[ii][0] = V::add(acc[ii][0], part[ii][0]);
+      acc[ii][1] = V::add(acc[ii][1], part[ii][1]);
     }
   }
   for (int ii = 0; ii < MI; ++ii) {
-    V::store(acc_buf + (i0 + ii) * kTileRows, acc[ii][0]);
-    V::store(acc_buf + (i0 + ii) * kTileRows + V::W, acc[ii][1]);
+    V::store(acc_buf + ii * kTileRows, acc[ii][0]);
+    V::store(acc_buf + ii * kTileRows + V::W, acc[ii][1]);
   }
 }
 
-template <int MI>
-void micro_pairs_rows(const uint32_t* xp, const float* xs, int64_t m, int64_t k, const uint32_t* panel,
-                      const float* ws, int64_t c0, int64_t c1, float* acc_buf) {
-  int64_t i0 = 0;
-  for (; i0 + MI <= m; i0 += MI) micro_pairs<MI>(xp, xs, i0, k, panel, ws, c0, c1, acc_buf);
-  if constexpr (MI > 1) {
-    if (i0 < m) {
-      micro_pairs_rows<MI - 1>(xp + i0 * (k / 2), xs + i0 * (k / kQBlock), m - i0, k, panel, ws, c0, c1,
-                               acc_buf + i0 * kTileRows);
+// Every group of the m rows.
+inline void micro_pairs_rows(const uint32_t* xp, int64_t m, int64_t kp, const uint32_t* panel, int64_t c0,
+                             int64_t c1, float* acc_buf) {
+  for (int64_t g0 = 0; g0 < m; g0 += kGroupRows) {
+    const uint32_t* xg = xp + g0 * kp;
+    float* acc = acc_buf + g0 * kTileRows;
+    switch (group_rows(m, g0)) {
+      case 6: micro_pairs<6>(xg, panel, c0, c1, acc); break;
+      case 5: micro_pairs<5>(xg, panel, c0, c1, acc); break;
+      case 4: micro_pairs<4>(xg, panel, c0, c1, acc); break;
+      case 3: micro_pairs<3>(xg, panel, c0, c1, acc); break;
+      case 2: micro_pairs<2>(xg, panel, c0, c1, acc); break;
+      default: micro_pairs<1>(xg, panel, c0, c1, acc); break;
     }
   }
 }
 
-// Rows [r0, r1) of y[m, n] (r0 a multiple of 2W), from the checkpoint's layout or the packed tiles.
+// Rows [r0, r1) of y[m, n] (r0 a multiple of 2W), from the checkpoint's layout or the packed tiles;
+// xp holds the scaled activation pairs.
 template <class Kind>
 void gemm_pairs(const uint32_t* xp, const QuantizedActivations& qa, const typename Kind::Matrix& w, float* y,
                 int64_t r0, int64_t r1, Scratch& s) {
   const int64_t m = qa.m, kb = w.k / kQBlock;
   const bool packed = w.packed.tile_rows == kTileRows;
-  float* ws = s.get<float>(ScratchSlot::LinearScales, static_cast<size_t>(kb * kTileRows));
-  uint32_t* panel = s.get<uint32_t>(ScratchSlot::LinearPanel, static_cast<size_t>(kKc * kPairs * kTileRows));
-  float* acc = s.get<float>(ScratchSlot::LinearAcc, static_cast<size_t>(m * kTileRows));
   const uint8_t* blk[kTileRows];
   for (int64_t row0 = r0; row0 < r1; row0 += kTileRows) {
     const int64_t tile = row0 / kTileRows;
@@ -185,6 +254,10 @@ void gemm_pairs(const uint32_t* xp, const QuantizedActivations& qa, const typena
       tile_scalar<Kind>(qa, w, y, row0, count);
       continue;
     }
+    // asked for per tile: the fallback below uses the same slots and may move them
+    float* ws = s.get<float>(ScratchSlot::LinearScales, static_cast<size_t>(kb * kTileRows));
+    uint32_t* panel = s.get<uint32_t>(ScratchSlot::LinearPanel, static_cast<size_t>(kKc * kPairs * kTileRows));
+    float* acc = s.get<float>(ScratchSlot::LinearAcc, static_cast<size_t>(m * kTileRows));
     std::optional<Tile<Kind>> rows;  // the checkpoint's layout
     if (packed) {
       Kind::packed_scales(w, tile, ws);
@@ -192,11 +265,16 @@ void gemm_pairs(const uint32_t* xp, const QuantizedActivations& qa, const typena
       rows.emplace(w, row0, r1, s);
       Kind::tile_scales(w, row0, count, ws);
     }
+    if (!folded_exponents(ws, kb * kTileRows)) {  // this tile the AVX-512 level's way
+      packed ? gemm_packed<Kind>(qa.values.data(), qa.scales.data(), &qa, m, w, y, row0, row0 + count, s)
+             : gemm_rows<Kind>(qa.values.data(), qa.scales.data(), &qa, m, w, y, row0, row0 + count, s);
+      continue;
+    }
     std::fill(acc, acc + m * kTileRows, 0.0f);
     bool nan = false;
     for (int64_t c0 = 0; c0 < kb; c0 += kKc) {
       const int64_t c1 = std::min(kb, c0 + kKc);
-      PairSink sink{panel, c0};
+      ScaledPairSink sink{{panel, c0}, ws};
       for (int64_t b = c0; b < c1; ++b) {
         if (packed) {
           Kind::PDec::step(packed_block<Kind>(w, tile, b), b, sink);
@@ -205,7 +283,7 @@ void gemm_pairs(const uint32_t* xp, const QuantizedActivations& qa, const typena
           Kind::Dec::step(blk, b, sink, nan);
         }
       }
-      micro_pairs_rows<V::MI>(xp, qa.scales.data(), m, w.k, panel, ws, c0, c1, acc);
+      micro_pairs_rows(xp, m, w.k / 2, panel, c0, c1, acc);
     }
     if (nan) {
       tile_scalar<Kind>(qa, w, y, row0, count);
@@ -226,9 +304,198 @@ void run_linear_pairs(const Exec& ex, const float* x, int64_t m, const typename 
   assert(w.k % kQBlock == 0 && "act_quant needs K in whole blocks of 32");
   const bool parallel = w.n * w.k >= kParallelMin;
   const QuantizedActivations qa = quantize_rows(&ex, x, m, w.k, Kind::kPrescale, parallel);
-  const std::vector<uint32_t> xp = activation_pairs(ex, qa, parallel);
-  ex.run(parallel, w.n, kTileRows,
-         [&](int64_t r0, int64_t r1, Scratch& s) { gemm_pairs<Kind>(xp.data(), qa, w, y, r0, r1, s); });
+  bool folded = false;
+  // the pairs in the calling thread's scratch (reused call after call), read by every worker
+  ex.serial(1, [&](int64_t, int64_t, Scratch& mine) {
+    uint32_t* xp = mine.get<uint32_t>(ScratchSlot::PairRows, static_cast<size_t>(m * (w.k / 2)));
+    if (!scaled_activation_pairs(ex, qa, parallel, xp)) return;
+    folded = true;
+    ex.run(parallel, w.n, kTileRows, [&](int64_t r0, int64_t r1, Scratch& s) { gemm_pairs<Kind>(xp, qa, w, y, r0, r1, s); });
+  });
+  if (!folded) run_linear<Kind>(ex, x, m, w, y);  // activation scales outside the folded range
+}
+
+// ---- the GEMV: decode steps on the dot unit (packed tiles, AVX-512 VBMI) ---------------------------
+//
+// A decode step reads every weight once, so it is bound by how fast weights turn into products: the
+// AVX-512 level's GEMV widens each weight to fp32 and spends one FMA on it, which on Zen 4 keeps a
+// core below the memory's rate (docs/performance.md). Here packed tiles become bf16 pairs with byte
+// and word permutes (AVX-512 VBMI: vpermb, vpermi2b) and each vdpbf16ps takes two weights of a row.
+// Activations carry their block scale (scaled pairs, as the GEMM's); the weight scale multiplies each
+// block's partial sum in one FMA, acc + partial·w_s, whose product is exact under the GEMM's range
+// condition (tiles outside it, and calls whose activation scales are, take the AVX-512 GEMV).
+
+#define DSV41_VBMI __attribute__((target("avx512vbmi")))
+
+// bf16 bits of a value exact in bf16.
+inline uint16_t bf16_bits(float v) {
+  uint32_t b;
+  std::memcpy(&b, &v, 4);
+  return static_cast<uint16_t>(b >> 16);
+}
+
+// Packed FP4 columns as pairs. Column q of a block holds 32 bytes, one per tile row: the low nibble
+// is k = 2q, the high nibble k = 2q+1. Each row's byte is spread to the four bytes of its lane; the
+// lower word, shifted right by 4, indexes the table with the high nibble (k + 1, the pair's lower
+// half), the upper word with the low nibble (k, the upper half). vpermw reads 5 index bits, so the
+// table holds the 16 E2M1 values twice and the bit above each nibble does not matter.
+struct Fp4Pairs {
+  __m512i table, spread0, spread1, shifts;
+  DSV41_VBMI Fp4Pairs() {
+    alignas(64) uint16_t t[32];
+    alignas(64) uint8_t s0[64], s1[64];
+    alignas(64) uint16_t sh[32];
+    for (int c = 0; c < 32; ++c) t[c] = bf16_bits(e2m1_to_f32(static_cast<uint8_t>(c % 16)));
+    for (int l = 0; l < 16; ++l) {
+      for (int j = 0; j < 4; ++j) {
+        s0[4 * l + j] = static_cast<uint8_t>(l);
+        s1[4 * l + j] = static_cast<uint8_t>(16 + l);
+      }
+      sh[2 * l] = 4;
+      sh[2 * l + 1] = 0;
+    }
+    table = _mm512_load_si512(t);
+    spread0 = _mm512_load_si512(s0);
+    spread1 = _mm512_load_si512(s1);
+    shifts = _mm512_load_si512(sh);
+  }
+  // Block b's weight scales of the tile's rows 0..15 and 16..31 (packed in that order).
+  static void scales(const Fp4Matrix& w, int64_t tile, int64_t b, __m512& s0, __m512& s1) {
+    const uint8_t* codes = w.packed.scales + tile * w.packed.scale_tile_bytes + b * kTileRows;
+    s0 = V::e8m0(codes);
+    s1 = V::e8m0(codes + V::W);
+  }
+  // Pairs q of a block: rows 0..15 in w0, 16..31 in w1.
+  DSV41_VBMI void pairs(const uint8_t* block, int q, __m512i& w0, __m512i& w1) const {
+    const __m512i c = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * q)));
+    w0 = _mm512_permutexvar_epi16(_mm512_srlv_epi16(_mm512_permutexvar_epi8(spread0, c), shifts), table);
+    w1 = _mm512_permutexvar_epi16(_mm512_srlv_epi16(_mm512_permutexvar_epi8(spread1, c), shifts), table);
+  }
+};
+
+// Packed FP8 columns as pairs. Columns 2q and 2q+1 of a block are 64 adjacent bytes (32 rows each);
+// two 128-entry byte tables give the upper and lower byte of each code's bf16 value (e4m3 · 2^-8, the
+// AVX-512 decoders' weights, so the activations keep their prescale), the sign comes from the code,
+// and a two-source byte permute interleaves them into each row's pair (k = 2q upper, 2q+1 lower).
+// NaN codes are never decoded: their tiles take the scalar path.
+struct Fp8Pairs {
+  __m512i upper0, upper1, lower0, lower1, rows0, rows1;
+  DSV41_VBMI Fp8Pairs() {
+    alignas(64) uint8_t up[128], lo[128], r0[64], r1[64];
+    for (int c = 0; c < 128; ++c) {
+      const uint16_t b = bf16_bits(e4m3_to_f32(static_cast<uint8_t>(c)) / Fp8Kind::kPrescale);
+      up[c] = static_cast<uint8_t>(b >> 8);
+      lo[c] = static_cast<uint8_t>(b & 0xFF);
+    }
+    for (int l = 0; l < 16; ++l) {  // lane l: (lower, upper) bytes of k + 1, then of k; 64 + i is the upper table
+      for (int v = 0; v < 2; ++v) {
+        uint8_t* r = v == 0 ? r0 : r1;
+        const int row = 16 * v + l;
+        r[4 * l + 0] = static_cast<uint8_t>(32 + row);
+        r[4 * l + 1] = static_cast<uint8_t>(64 + 32 + row);
+        r[4 * l + 2] = static_cast<uint8_t>(row);
+        r[4 * l + 3] = static_cast<uint8_t>(64 + row);
+      }
+    }
+    upper0 = _mm512_load_si512(up);
+    upper1 = _mm512_load_si512(up + 64);
+    lower0 = _mm512_load_si512(lo);
+    lower1 = _mm512_load_si512(lo + 64);
+    rows0 = _mm512_load_si512(r0);
+    rows1 = _mm512_load_si512(r1);
+  }
+  // Block b's weight scale: one per 32×32 scale tile, which a tile of 32 rows lies in.
+  static void scales(const Fp8Matrix& w, int64_t tile, int64_t b, __m512& s0, __m512& s1) {
+    s0 = s1 = V::set1(e8m0_table()[w.scale[tile * (w.k / kQBlock) + b]]);
+  }
+  DSV41_VBMI void pairs(const uint8_t* block, int q, __m512i& w0, __m512i& w1) const {
+    const __m512i c = _mm512_loadu_si512(block + 64 * q);
+    const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+    const __m512i up = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(upper0, c, upper1), c, sign, 0xF8);  // a | (b & c)
+    const __m512i lo = _mm512_permutex2var_epi8(lower0, c, lower1);
+    w0 = _mm512_permutex2var_epi8(lo, rows0, up);
+    w1 = _mm512_permutex2var_epi8(lo, rows1, up);
+  }
+};
+
+template <class Kind>
+using PairsOf = std::conditional_t<std::is_same_v<Kind, Fp8Kind>, Fp8Pairs, Fp4Pairs>;
+
+// Rows [r0, r1) of y[0..M, :] from packed tiles; xg holds the M rows' scaled pairs, [kp][M].
+template <class Kind, int M>
+DSV41_VBMI void gemv_pairs(const uint32_t* xg, const QuantizedActivations& qa, const typename Kind::Matrix& w,
+                           float* y, int64_t r0, int64_t r1, Scratch& s) {
+  using F = V::F;
+  const int64_t kb = w.k / kQBlock;
+  const PairsOf<Kind> dec;
+  for (int64_t row0 = r0; row0 < r1; row0 += kTileRows) {
+    const int64_t tile = row0 / kTileRows;
+    const int count = static_cast<int>(std::min<int64_t>(kTileRows, r1 - row0));
+    if (packed_nan<Kind>(w, tile)) {
+      tile_scalar<Kind>(qa, w, y, row0, count);
+      continue;
+    }
+    F acc[M][2];
+    for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = V::zero();
+    __mmask16 outside = 0;
+    for (int64_t b = 0; b < kb; ++b) {
+      prefetch_ahead<Kind>(w, tile, b);
+      const uint8_t* block = packed_block<Kind>(w, tile, b);
+      const uint32_t* xb = xg + b * kPairs * M;
+      F part[M][2];
+      for (int i = 0; i < M; ++i) part[i][0] = part[i][1] = V::zero();
+      for (int q = 0; q < kPairs; ++q) {
+        __m512i w0, w1;
+        dec.pairs(block, q, w0, w1);
+        for (int i = 0; i < M; ++i) {
+          const __m512i av = _mm512_set1_epi32(static_cast<int>(xb[q * M + i]));
+          part[i][0] = dot_pairs(part[i][0], av, w0);
+          part[i][1] = dot_pairs(part[i][1], av, w1);
+        }
+      }
+      F s0, s1;
+      dec.scales(w, tile, b, s0, s1);
+      outside = static_cast<__mmask16>(outside | outside_folded(s0) | outside_folded(s1));
+      for (int i = 0; i < M; ++i) {
+        acc[i][0] = V::fma(part[i][0], s0, acc[i][0]);
+        acc[i][1] = V::fma(part[i][1], s1, acc[i][1]);
+      }
+    }
+    if (outside != 0) {  // a weight scale outside the folded range: this tile the AVX-512 level's way
+      gemv_packed<Kind, M>(qa.values.data(), qa.scales.data(), &qa, w, y, row0, row0 + count, s);
+      continue;
+    }
+    for (int i = 0; i < M; ++i) {
+      Kind::PDec::store(y + i * w.n + row0, finish<Kind>(acc[i][0]), finish<Kind>(acc[i][1]), count);
+    }
+  }
+}
+
+// m <= kGemvRows rows against packed tiles; false (nothing written) where the activation scales are
+// outside the folded range.
+template <class Kind>
+DSV41_VBMI bool run_gemv_pairs(const Exec& ex, const float* x, int64_t m, const typename Kind::Matrix& w, float* y) {
+  const bool parallel = w.n * w.k >= kParallelMin;
+  const QuantizedActivations qa = quantize_rows(&ex, x, m, w.k, Kind::kPrescale, false);
+  bool folded = false;
+  // the pairs in the calling thread's scratch (reused call after call), read by every worker
+  ex.serial(1, [&](int64_t, int64_t, Scratch& mine) {
+    uint32_t* xp = mine.get<uint32_t>(ScratchSlot::PairRows, static_cast<size_t>(m * (w.k / 2)));
+    if (!scaled_activation_pairs(ex, qa, false, xp)) return;  // m <= kGroupRows: one group, [kp][m]
+    folded = true;
+    const auto rows = [&](auto count) {
+      constexpr int M = decltype(count)::value;
+      ex.run(parallel, w.n, kTileRows, [&](int64_t r0, int64_t r1, Scratch& s) { gemv_pairs<Kind, M>(xp, qa, w, y, r0, r1, s); });
+    };
+    static_assert(V::kGemvRows == 4 && kGroupRows >= 4, "one group of up to four rows");
+    switch (m) {
+      case 1: return rows(std::integral_constant<int, 1>{});
+      case 2: return rows(std::integral_constant<int, 2>{});
+      case 3: return rows(std::integral_constant<int, 3>{});
+      default: return rows(std::integral_constant<int, 4>{});
+    }
+  });
+  return folded;
 }
 
 // ---- the bf16 linears ------------------------------------------------------------------------------
@@ -555,6 +822,22 @@ void linear_fp8_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Fp8
 void linear_fp4_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Fp4Matrix& w, float* y) {
   avx512_bf16::run_linear_pairs<avx512_bf16::Fp4Kind>(ex, x, m, w, y);
 }
+DSV41_VBMI void linear_fp8_avx512_bf16_vbmi(const Exec& ex, const float* x, int64_t m, const Fp8Matrix& w, float* y) {
+  using Kind = avx512_bf16::Fp8Kind;
+  if (m >= 1 && m <= avx512_bf16::V::kGemvRows && w.n > 0 && w.packed.tile_rows == avx512_bf16::kTileRows &&
+      avx512_bf16::run_gemv_pairs<Kind>(ex, x, m, w, y)) {
+    return;
+  }
+  avx512_bf16::run_linear_pairs<Kind>(ex, x, m, w, y);
+}
+DSV41_VBMI void linear_fp4_avx512_bf16_vbmi(const Exec& ex, const float* x, int64_t m, const Fp4Matrix& w, float* y) {
+  using Kind = avx512_bf16::Fp4Kind;
+  if (m >= 1 && m <= avx512_bf16::V::kGemvRows && w.n > 0 && w.packed.tile_rows == avx512_bf16::kTileRows &&
+      avx512_bf16::run_gemv_pairs<Kind>(ex, x, m, w, y)) {
+    return;
+  }
+  avx512_bf16::run_linear_pairs<Kind>(ex, x, m, w, y);
+}
 void linear_bf16_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Bf16Matrix& w, float* y) {
   using Exact = avx512_bf16::Bf16Kind<false>;
   if (!avx512_bf16::run_bf16_pairs<Exact>(ex, x, m, w, y)) avx512_bf16::run_linear<Exact>(ex, x, m, w, y);
@@ -599,6 +882,12 @@ void linear_fp8_avx512_bf16(const Exec&, const float* x, int64_t m, const Fp8Mat
   reference::linear_fp8(x, m, w, y);
 }
 void linear_fp4_avx512_bf16(const Exec&, const float* x, int64_t m, const Fp4Matrix& w, float* y) {
+  reference::linear_fp4(x, m, w, y);
+}
+void linear_fp8_avx512_bf16_vbmi(const Exec&, const float* x, int64_t m, const Fp8Matrix& w, float* y) {
+  reference::linear_fp8(x, m, w, y);
+}
+void linear_fp4_avx512_bf16_vbmi(const Exec&, const float* x, int64_t m, const Fp4Matrix& w, float* y) {
   reference::linear_fp4(x, m, w, y);
 }
 void linear_bf16_avx512_bf16(const Exec&, const float* x, int64_t m, const Bf16Matrix& w, float* y) {

@@ -251,7 +251,8 @@ BENCHMARK(Bf16Gemv)
 
 // ---- GEMM (m > 1) -------------------------------------------------------------------------------
 
-// Args: m, n, k, ISA level. One hot weight copy: at these m the arithmetic, not the read, bounds it.
+// Args: m, n, k, ISA level, packed. One hot weight copy: at these m the arithmetic, not the read,
+// bounds it.
 void Fp8Gemm(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   const std::unique_ptr<Backend> be = setup(state, state.range(3), 0);
@@ -260,8 +261,11 @@ void Fp8Gemm(benchmark::State& state) {
   std::vector<uint8_t> scales(static_cast<size_t>(((n + 31) / 32) * (k / 32)), 125);
   const std::vector<float> x = activations(m, k);
   std::vector<float> y(static_cast<size_t>(m * n));
+  std::unique_ptr<PackedWeights> packed;
+  Fp8Matrix mat{w.data(), scales.data(), n, k};
+  if (state.range(4) != 0 && (packed = be->pack(mat))) mat.packed = packed->view();
   for (auto _ : state) {
-    be->linear_fp8(x.data(), m, Fp8Matrix{w.data(), scales.data(), n, k}, y.data());
+    be->linear_fp8(x.data(), m, mat, y.data());
     benchmark::ClobberMemory();
   }
   state.counters["FLOP/s"] =
@@ -276,8 +280,11 @@ void Fp4Gemm(benchmark::State& state) {
   std::vector<uint8_t> scales(static_cast<size_t>(n * (k / 32)), 125);
   const std::vector<float> x = activations(m, k);
   std::vector<float> y(static_cast<size_t>(m * n));
+  std::unique_ptr<PackedWeights> packed;
+  Fp4Matrix mat{w.data(), scales.data(), n, k};
+  if (state.range(4) != 0 && (packed = be->pack(mat))) mat.packed = packed->view();
   for (auto _ : state) {
-    be->linear_fp4(x.data(), m, Fp4Matrix{w.data(), scales.data(), n, k}, y.data());
+    be->linear_fp4(x.data(), m, mat, y.data());
     benchmark::ClobberMemory();
   }
   state.counters["FLOP/s"] =
@@ -285,10 +292,12 @@ void Fp4Gemm(benchmark::State& state) {
 }
 
 void GemmArgs(benchmark::internal::Benchmark* b, int64_t n, int64_t k) {
-  b->ArgNames({"m", "n", "k", "isa"});
-  b->Args({64, n, k, 0});  // the scalar reference, once, for scale
-  for (const int64_t m : {64, 128, 256, 512}) {
-    for (const int64_t isa : {1, 2, 3}) b->Args({m, n, k, isa});  // 3: avx512_bf16, skipped where absent
+  b->ArgNames({"m", "n", "k", "isa", "packed"});
+  b->Args({64, n, k, 0, 0});  // the scalar reference, once, for scale
+  for (const int64_t m : {64, 128, 256, 512, 1024}) {
+    for (const int64_t isa : {1, 2, 3}) {  // 3: avx512_bf16, skipped where absent
+      for (const int64_t packed : {0, 1}) b->Args({m, n, k, isa, packed});  // packed: as a loaded model's
+    }
   }
   b->UseRealTime()->Unit(benchmark::kMillisecond);
 }

@@ -102,6 +102,125 @@ struct PairSink {
   void end(int64_t) {}
 };
 
+// ---- packed tiles as pairs, by byte permutes (AVX-512 VBMI) -----------------------------------------
+//
+// Where the CPU has VBMI, packed FP8 and FP4 tiles turn into bf16 pairs with a few byte and word
+// permutes, three to five instructions per 32 weights where widening to fp32 and pairing takes about
+// a dozen: the decode steps' GEMV and the GEMM's panels use them. Only functions marked DSV41_VBMI
+// run them, and only where cpu_features().avx512_vbmi (backend.cpp).
+
+#define DSV41_VBMI __attribute__((target("avx512vbmi")))
+
+// bf16 bits of a value exact in bf16.
+inline uint16_t bf16_bits(float v) {
+  uint32_t b;
+  std::memcpy(&b, &v, 4);
+  return static_cast<uint16_t>(b >> 16);
+}
+
+// Packed FP4 columns as pairs. Column q of a block holds 32 bytes, one per tile row: the low nibble
+// is k = 2q, the high nibble k = 2q+1. Each row's byte is spread to the four bytes of its lane; the
+// lower word, shifted right by 4, indexes the table with the high nibble (k + 1, the pair's lower
+// half), the upper word with the low nibble (k, the upper half). vpermw reads 5 index bits, so the
+// table holds the 16 E2M1 values twice and the bit above each nibble does not matter.
+struct Fp4Pairs {
+  struct Tables {
+    alignas(64) uint16_t values[32];
+    alignas(64) uint8_t spread[2][64];
+    alignas(64) uint16_t shifts[32];
+  };
+  static const Tables& tables() {
+    static const Tables made = [] {
+      Tables t{};
+      for (int c = 0; c < 32; ++c) t.values[c] = bf16_bits(e2m1_to_f32(static_cast<uint8_t>(c % 16)));
+      for (int l = 0; l < 16; ++l) {
+        for (int j = 0; j < 4; ++j) {
+          t.spread[0][4 * l + j] = static_cast<uint8_t>(l);
+          t.spread[1][4 * l + j] = static_cast<uint8_t>(16 + l);
+        }
+        t.shifts[2 * l] = 4;
+        t.shifts[2 * l + 1] = 0;
+      }
+      return t;
+    }();
+    return made;
+  }
+  __m512i table, spread0, spread1, shifts;
+  Fp4Pairs()
+      : table(_mm512_load_si512(tables().values)),
+        spread0(_mm512_load_si512(tables().spread[0])),
+        spread1(_mm512_load_si512(tables().spread[1])),
+        shifts(_mm512_load_si512(tables().shifts)) {}
+  // Block b's weight scales of the tile's rows 0..15 and 16..31 (packed in that order).
+  static void scales(const Fp4Matrix& w, int64_t tile, int64_t b, __m512& s0, __m512& s1) {
+    const uint8_t* codes = w.packed.scales + tile * w.packed.scale_tile_bytes + b * kTileRows;
+    s0 = V::e8m0(codes);
+    s1 = V::e8m0(codes + V::W);
+  }
+  // Pairs q of a block: rows 0..15 in w0, 16..31 in w1.
+  DSV41_VBMI void pairs(const uint8_t* block, int q, __m512i& w0, __m512i& w1) const {
+    const __m512i c = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * q)));
+    w0 = _mm512_permutexvar_epi16(_mm512_srlv_epi16(_mm512_permutexvar_epi8(spread0, c), shifts), table);
+    w1 = _mm512_permutexvar_epi16(_mm512_srlv_epi16(_mm512_permutexvar_epi8(spread1, c), shifts), table);
+  }
+};
+
+// Packed FP8 columns as pairs. Columns 2q and 2q+1 of a block are 64 adjacent bytes (32 rows each);
+// two 128-entry byte tables give the upper and lower byte of each code's bf16 value (e4m3 · 2^-8, the
+// AVX-512 decoders' weights, so the activations keep their prescale), the sign comes from the code,
+// and a two-source byte permute interleaves them into each row's pair (k = 2q upper, 2q+1 lower).
+// NaN codes are never decoded: their tiles take the scalar path.
+struct Fp8Pairs {
+  struct Tables {
+    alignas(64) uint8_t upper[128], lower[128];
+    alignas(64) uint8_t rows[2][64];
+  };
+  static const Tables& tables() {
+    static const Tables made = [] {
+      Tables t{};
+      for (int c = 0; c < 128; ++c) {
+        const uint16_t b = bf16_bits(e4m3_to_f32(static_cast<uint8_t>(c)) / Fp8Kind::kPrescale);
+        t.upper[c] = static_cast<uint8_t>(b >> 8);
+        t.lower[c] = static_cast<uint8_t>(b & 0xFF);
+      }
+      for (int v = 0; v < 2; ++v) {  // lane l: (lower, upper) bytes of k + 1, then of k; 64 + i: the upper
+        for (int l = 0; l < 16; ++l) {
+          const int row = 16 * v + l;
+          t.rows[v][4 * l + 0] = static_cast<uint8_t>(32 + row);
+          t.rows[v][4 * l + 1] = static_cast<uint8_t>(64 + 32 + row);
+          t.rows[v][4 * l + 2] = static_cast<uint8_t>(row);
+          t.rows[v][4 * l + 3] = static_cast<uint8_t>(64 + row);
+        }
+      }
+      return t;
+    }();
+    return made;
+  }
+  __m512i upper0, upper1, lower0, lower1, rows0, rows1;
+  Fp8Pairs()
+      : upper0(_mm512_load_si512(tables().upper)),
+        upper1(_mm512_load_si512(tables().upper + 64)),
+        lower0(_mm512_load_si512(tables().lower)),
+        lower1(_mm512_load_si512(tables().lower + 64)),
+        rows0(_mm512_load_si512(tables().rows[0])),
+        rows1(_mm512_load_si512(tables().rows[1])) {}
+  // Block b's weight scale: one per 32×32 scale tile, which a tile of 32 rows lies in.
+  static void scales(const Fp8Matrix& w, int64_t tile, int64_t b, __m512& s0, __m512& s1) {
+    s0 = s1 = V::set1(e8m0_table()[w.scale[tile * (w.k / kQBlock) + b]]);
+  }
+  DSV41_VBMI void pairs(const uint8_t* block, int q, __m512i& w0, __m512i& w1) const {
+    const __m512i c = _mm512_loadu_si512(block + 64 * q);
+    const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+    const __m512i up = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(upper0, c, upper1), c, sign, 0xF8);  // a | (b & c)
+    const __m512i lo = _mm512_permutex2var_epi8(lower0, c, lower1);
+    w0 = _mm512_permutex2var_epi8(lo, rows0, up);
+    w1 = _mm512_permutex2var_epi8(lo, rows1, up);
+  }
+};
+
+template <class Kind>
+using PairsOf = std::conditional_t<std::is_same_v<Kind, Fp8Kind>, Fp8Pairs, Fp4Pairs>;
+
 // ---- the GEMM -------------------------------------------------------------------------------------
 //
 // The reference adds (partial·a_s)·w_s per block, both scales powers of two (ue8m0 / E8M0). Scaling by a
@@ -187,6 +306,36 @@ struct ScaledPairSink : PairSink {
   void w(int j, __m512 v0, __m512 v1) { PairSink::w(j, _mm512_mul_ps(v0, s0), _mm512_mul_ps(v1, s1)); }
 };
 
+// Each lane's scale (a power of two inside the folded range) as a bf16 exponent step, e·2^7, in both
+// 16-bit halves.
+inline __m512i exponent_steps(__m512 scale) {
+  const __m512i e = _mm512_srai_epi32(_mm512_sub_epi32(_mm512_castps_si512(scale), _mm512_set1_epi32(127 << 23)), 16);
+  const __m512i low = _mm512_and_si512(e, _mm512_set1_epi32(0xFFFF));
+  return _mm512_or_si512(low, _mm512_slli_epi32(low, 16));
+}
+
+// The ScaledPairSink panel of packed blocks [c0, c1) by the permute decoders: each nonzero bf16 weight
+// times its scale by an add to its exponent (exact: the folded range keeps every result normal).
+template <class Kind>
+DSV41_VBMI void scaled_pairs_vbmi(const typename Kind::Matrix& w, int64_t tile, int64_t c0, int64_t c1,
+                                  const float* ws, uint32_t* panel) {
+  const PairsOf<Kind> dec;
+  const __m512i magnitude = _mm512_set1_epi16(0x7FFF);
+  for (int64_t b = c0; b < c1; ++b) {
+    const __m512i e0 = exponent_steps(V::load(ws + (2 * b) * V::W)), e1 = exponent_steps(V::load(ws + (2 * b + 1) * V::W));
+    const uint8_t* block = packed_block<Kind>(w, tile, b);
+    uint32_t* out = panel + (b - c0) * kPairs * kTileRows;
+    for (int q = 0; q < kPairs; ++q) {
+      __m512i w0, w1;
+      dec.pairs(block, q, w0, w1);
+      w0 = _mm512_mask_add_epi16(w0, _mm512_test_epi16_mask(w0, magnitude), w0, e0);
+      w1 = _mm512_mask_add_epi16(w1, _mm512_test_epi16_mask(w1, magnitude), w1, e1);
+      _mm512_storeu_si512(out + q * kTileRows, w0);
+      _mm512_storeu_si512(out + q * kTileRows + V::W, w1);
+    }
+  }
+}
+
 // One group of MI activation rows (xg: its pairs, [kp][MI]) × one tile over the panel's blocks
 // [c0, c1): per block 2·MI chains of 16 vdpbf16ps from zero (the block's scaled partial sums), each
 // then added to its row's accumulator; chains and accumulators stay in registers.
@@ -243,7 +392,7 @@ inline void micro_pairs_rows(const uint32_t* xp, int64_t m, int64_t kp, const ui
 // xp holds the scaled activation pairs.
 template <class Kind>
 void gemm_pairs(const uint32_t* xp, const QuantizedActivations& qa, const typename Kind::Matrix& w, float* y,
-                int64_t r0, int64_t r1, Scratch& s) {
+                int64_t r0, int64_t r1, Scratch& s, bool vbmi) {
   const int64_t m = qa.m, kb = w.k / kQBlock;
   const bool packed = w.packed.tile_rows == kTileRows;
   const uint8_t* blk[kTileRows];
@@ -274,13 +423,17 @@ void gemm_pairs(const uint32_t* xp, const QuantizedActivations& qa, const typena
     bool nan = false;
     for (int64_t c0 = 0; c0 < kb; c0 += kKc) {
       const int64_t c1 = std::min(kb, c0 + kKc);
-      ScaledPairSink sink{{panel, c0}, ws};
-      for (int64_t b = c0; b < c1; ++b) {
-        if (packed) {
-          Kind::PDec::step(packed_block<Kind>(w, tile, b), b, sink);
-        } else {
-          rows->block(b, blk, s);
-          Kind::Dec::step(blk, b, sink, nan);
+      if (packed && vbmi) {
+        scaled_pairs_vbmi<Kind>(w, tile, c0, c1, ws, panel);
+      } else {
+        ScaledPairSink sink{{panel, c0}, ws};
+        for (int64_t b = c0; b < c1; ++b) {
+          if (packed) {
+            Kind::PDec::step(packed_block<Kind>(w, tile, b), b, sink);
+          } else {
+            rows->block(b, blk, s);
+            Kind::Dec::step(blk, b, sink, nan);
+          }
         }
       }
       micro_pairs_rows(xp, m, w.k / 2, panel, c0, c1, acc);
@@ -297,8 +450,10 @@ void gemm_pairs(const uint32_t* xp, const QuantizedActivations& qa, const typena
   }
 }
 
+// With `vbmi` (only where the CPU has it), packed panels come from the permute decoders.
 template <class Kind>
-void run_linear_pairs(const Exec& ex, const float* x, int64_t m, const typename Kind::Matrix& w, float* y) {
+void run_linear_pairs(const Exec& ex, const float* x, int64_t m, const typename Kind::Matrix& w, float* y,
+                      bool vbmi = false) {
   static_assert(Kind::kScaled, "the pair GEMM is for the quantized kinds: their products are exact");
   if (m <= V::kGemvRows || w.n <= 0) return run_linear<Kind>(ex, x, m, w, y);  // GEMV: bandwidth-bound
   assert(w.k % kQBlock == 0 && "act_quant needs K in whole blocks of 32");
@@ -310,7 +465,8 @@ void run_linear_pairs(const Exec& ex, const float* x, int64_t m, const typename 
     uint32_t* xp = mine.get<uint32_t>(ScratchSlot::PairRows, static_cast<size_t>(m * (w.k / 2)));
     if (!scaled_activation_pairs(ex, qa, parallel, xp)) return;
     folded = true;
-    ex.run(parallel, w.n, kTileRows, [&](int64_t r0, int64_t r1, Scratch& s) { gemm_pairs<Kind>(xp, qa, w, y, r0, r1, s); });
+    ex.run(parallel, w.n, kTileRows,
+           [&](int64_t r0, int64_t r1, Scratch& s) { gemm_pairs<Kind>(xp, qa, w, y, r0, r1, s, vbmi); });
   });
   if (!folded) run_linear<Kind>(ex, x, m, w, y);  // activation scales outside the folded range
 }
@@ -324,102 +480,6 @@ void run_linear_pairs(const Exec& ex, const float* x, int64_t m, const typename 
 // Activations carry their block scale (scaled pairs, as the GEMM's); the weight scale multiplies each
 // block's partial sum in one FMA, acc + partial·w_s, whose product is exact under the GEMM's range
 // condition (tiles outside it, and calls whose activation scales are, take the AVX-512 GEMV).
-
-#define DSV41_VBMI __attribute__((target("avx512vbmi")))
-
-// bf16 bits of a value exact in bf16.
-inline uint16_t bf16_bits(float v) {
-  uint32_t b;
-  std::memcpy(&b, &v, 4);
-  return static_cast<uint16_t>(b >> 16);
-}
-
-// Packed FP4 columns as pairs. Column q of a block holds 32 bytes, one per tile row: the low nibble
-// is k = 2q, the high nibble k = 2q+1. Each row's byte is spread to the four bytes of its lane; the
-// lower word, shifted right by 4, indexes the table with the high nibble (k + 1, the pair's lower
-// half), the upper word with the low nibble (k, the upper half). vpermw reads 5 index bits, so the
-// table holds the 16 E2M1 values twice and the bit above each nibble does not matter.
-struct Fp4Pairs {
-  __m512i table, spread0, spread1, shifts;
-  DSV41_VBMI Fp4Pairs() {
-    alignas(64) uint16_t t[32];
-    alignas(64) uint8_t s0[64], s1[64];
-    alignas(64) uint16_t sh[32];
-    for (int c = 0; c < 32; ++c) t[c] = bf16_bits(e2m1_to_f32(static_cast<uint8_t>(c % 16)));
-    for (int l = 0; l < 16; ++l) {
-      for (int j = 0; j < 4; ++j) {
-        s0[4 * l + j] = static_cast<uint8_t>(l);
-        s1[4 * l + j] = static_cast<uint8_t>(16 + l);
-      }
-      sh[2 * l] = 4;
-      sh[2 * l + 1] = 0;
-    }
-    table = _mm512_load_si512(t);
-    spread0 = _mm512_load_si512(s0);
-    spread1 = _mm512_load_si512(s1);
-    shifts = _mm512_load_si512(sh);
-  }
-  // Block b's weight scales of the tile's rows 0..15 and 16..31 (packed in that order).
-  static void scales(const Fp4Matrix& w, int64_t tile, int64_t b, __m512& s0, __m512& s1) {
-    const uint8_t* codes = w.packed.scales + tile * w.packed.scale_tile_bytes + b * kTileRows;
-    s0 = V::e8m0(codes);
-    s1 = V::e8m0(codes + V::W);
-  }
-  // Pairs q of a block: rows 0..15 in w0, 16..31 in w1.
-  DSV41_VBMI void pairs(const uint8_t* block, int q, __m512i& w0, __m512i& w1) const {
-    const __m512i c = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * q)));
-    w0 = _mm512_permutexvar_epi16(_mm512_srlv_epi16(_mm512_permutexvar_epi8(spread0, c), shifts), table);
-    w1 = _mm512_permutexvar_epi16(_mm512_srlv_epi16(_mm512_permutexvar_epi8(spread1, c), shifts), table);
-  }
-};
-
-// Packed FP8 columns as pairs. Columns 2q and 2q+1 of a block are 64 adjacent bytes (32 rows each);
-// two 128-entry byte tables give the upper and lower byte of each code's bf16 value (e4m3 · 2^-8, the
-// AVX-512 decoders' weights, so the activations keep their prescale), the sign comes from the code,
-// and a two-source byte permute interleaves them into each row's pair (k = 2q upper, 2q+1 lower).
-// NaN codes are never decoded: their tiles take the scalar path.
-struct Fp8Pairs {
-  __m512i upper0, upper1, lower0, lower1, rows0, rows1;
-  DSV41_VBMI Fp8Pairs() {
-    alignas(64) uint8_t up[128], lo[128], r0[64], r1[64];
-    for (int c = 0; c < 128; ++c) {
-      const uint16_t b = bf16_bits(e4m3_to_f32(static_cast<uint8_t>(c)) / Fp8Kind::kPrescale);
-      up[c] = static_cast<uint8_t>(b >> 8);
-      lo[c] = static_cast<uint8_t>(b & 0xFF);
-    }
-    for (int l = 0; l < 16; ++l) {  // lane l: (lower, upper) bytes of k + 1, then of k; 64 + i is the upper table
-      for (int v = 0; v < 2; ++v) {
-        uint8_t* r = v == 0 ? r0 : r1;
-        const int row = 16 * v + l;
-        r[4 * l + 0] = static_cast<uint8_t>(32 + row);
-        r[4 * l + 1] = static_cast<uint8_t>(64 + 32 + row);
-        r[4 * l + 2] = static_cast<uint8_t>(row);
-        r[4 * l + 3] = static_cast<uint8_t>(64 + row);
-      }
-    }
-    upper0 = _mm512_load_si512(up);
-    upper1 = _mm512_load_si512(up + 64);
-    lower0 = _mm512_load_si512(lo);
-    lower1 = _mm512_load_si512(lo + 64);
-    rows0 = _mm512_load_si512(r0);
-    rows1 = _mm512_load_si512(r1);
-  }
-  // Block b's weight scale: one per 32×32 scale tile, which a tile of 32 rows lies in.
-  static void scales(const Fp8Matrix& w, int64_t tile, int64_t b, __m512& s0, __m512& s1) {
-    s0 = s1 = V::set1(e8m0_table()[w.scale[tile * (w.k / kQBlock) + b]]);
-  }
-  DSV41_VBMI void pairs(const uint8_t* block, int q, __m512i& w0, __m512i& w1) const {
-    const __m512i c = _mm512_loadu_si512(block + 64 * q);
-    const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
-    const __m512i up = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(upper0, c, upper1), c, sign, 0xF8);  // a | (b & c)
-    const __m512i lo = _mm512_permutex2var_epi8(lower0, c, lower1);
-    w0 = _mm512_permutex2var_epi8(lo, rows0, up);
-    w1 = _mm512_permutex2var_epi8(lo, rows1, up);
-  }
-};
-
-template <class Kind>
-using PairsOf = std::conditional_t<std::is_same_v<Kind, Fp8Kind>, Fp8Pairs, Fp4Pairs>;
 
 // Rows [r0, r1) of y[0..M, :] from packed tiles; xg holds the M rows' scaled pairs, [kp][M].
 template <class Kind, int M>
@@ -828,7 +888,7 @@ DSV41_VBMI void linear_fp8_avx512_bf16_vbmi(const Exec& ex, const float* x, int6
       avx512_bf16::run_gemv_pairs<Kind>(ex, x, m, w, y)) {
     return;
   }
-  avx512_bf16::run_linear_pairs<Kind>(ex, x, m, w, y);
+  avx512_bf16::run_linear_pairs<Kind>(ex, x, m, w, y, true);
 }
 DSV41_VBMI void linear_fp4_avx512_bf16_vbmi(const Exec& ex, const float* x, int64_t m, const Fp4Matrix& w, float* y) {
   using Kind = avx512_bf16::Fp4Kind;
@@ -836,7 +896,7 @@ DSV41_VBMI void linear_fp4_avx512_bf16_vbmi(const Exec& ex, const float* x, int6
       avx512_bf16::run_gemv_pairs<Kind>(ex, x, m, w, y)) {
     return;
   }
-  avx512_bf16::run_linear_pairs<Kind>(ex, x, m, w, y);
+  avx512_bf16::run_linear_pairs<Kind>(ex, x, m, w, y, true);
 }
 void linear_bf16_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Bf16Matrix& w, float* y) {
   using Exact = avx512_bf16::Bf16Kind<false>;

@@ -166,6 +166,42 @@ TEST(KernelsSimd, OutOfRangeScalesTakeTheReferencesPath) {
   }
 }
 
+// BF16 weights below the range whose products vdpbf16ps keeps (nonzero magnitudes under 2^-56): with
+// activations at 2^-40 and weights at 2^-92 every product is subnormal, exact in fp32 (its lowest bit
+// is 2^-146) and flushed by the instruction. Their tile takes the fp32 chains, decode steps (the
+// AVX-512 GEMV) and prompts alike: the reference's bits, subnormal outputs and all.
+TEST(KernelsSimd, Bf16WeightsBelowThePairsRangeMatchScalar) {
+  std::mt19937 rng(17);
+  std::uniform_int_distribution<int> mantissa(0, 127), sign(0, 1);
+  const auto bf16_at = [&](int exponent) {  // a bf16 value with 7 random mantissa bits at 2^exponent
+    const float v = std::ldexp(1.0f + static_cast<float>(mantissa(rng)) / 128.0f, exponent);
+    return round_bf16(sign(rng) ? -v : v);
+  };
+  const int64_t n = 96, k = 320;
+  std::vector<float> x(static_cast<size_t>(6 * k));
+  for (float& v : x) v = bf16_at(-40);
+  std::vector<uint16_t> wb(static_cast<size_t>(n * k));
+  for (int64_t r = 0; r < n; ++r) {  // tile 1 (rows 32..63) at 2^-92, the others at 2^-3
+    for (int64_t j = 0; j < k; ++j) wb[static_cast<size_t>(r * k + j)] = bf16_from_f32(bf16_at(r >= 32 && r < 64 ? -92 : -3));
+  }
+  const Bf16Matrix mb{wb.data(), n, k};
+  for (const int64_t m : {int64_t{1}, int64_t{3}, int64_t{6}}) {
+    std::vector<float> want(static_cast<size_t>(m * n)), want_f32(want.size());
+    reference::linear_bf16(x.data(), m, mb, want.data());
+    reference::linear_f32(x.data(), m, mb, want_f32.data());
+    for (const Backend* be : fast_backends()) {
+      if (!bits_are_the_references(*be)) continue;  // the AMX level's sums are its own
+      std::unique_ptr<PackedWeights> pb;
+      const Bf16Matrix packed = packed_for(*be, mb, pb);
+      std::vector<float> got(want.size()), got_f32(want.size());
+      be->linear_bf16(x.data(), m, packed, got.data());
+      be->linear_f32(x.data(), m, packed, got_f32.data());
+      EXPECT_EQ(first_difference(got, want), "") << "bf16 m=" << m << " " << label(*be);
+      EXPECT_EQ(first_difference(got_f32, want_f32), "") << "f32 m=" << m << " " << label(*be);
+    }
+  }
+}
+
 // The AVX-512-BF16 level folds power-of-two scales into its operands while every scale exponent is
 // within ±50 (simd_avx512_bf16.cpp); a weight tile with a scale outside takes the AVX-512 path, and so
 // does a call with an activation scale outside. Activation scales at that edge (act_quant's least is

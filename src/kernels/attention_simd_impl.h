@@ -32,30 +32,75 @@ inline void logits_rows(const float* qt, int64_t d, const float* const* rows, fl
   for (int r = 0; r < R; ++r) V::store(out + r * V::W, acc[r]);
 }
 
-// Heads [h0, h1) of the query (h0 a multiple of W).
-inline void attention_heads(const float* q, int64_t d, const float* const* rows, int64_t n_rows, const float* sink,
+// The logits of attention_heads as the reference computes them: fp32 chains of rounded products.
+// (A level whose unit computes the same chains faster brings its own, with the same two members.)
+struct ChainLogits {
+  const float* q;
+  int64_t d;
+  const float* const* rows;  // the decoded rows, by index
+  // The heads [h0, h1) of q transposed, a group of W heads at a time.
+  void prepare(int64_t h0, int64_t h1, Scratch& s) {
+    const int64_t groups = (h1 - h0 + V::W - 1) / V::W;
+    qt = s.get<float>(ScratchSlot::AttentionQuery, static_cast<size_t>(groups * d * V::W));  // [group][d][W]
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t i = 0; i < d; ++i) {
+        for (int l = 0; l < V::W; ++l) {
+          const int64_t h = h0 + g * V::W + l;
+          qt[(g * d + i) * V::W + l] = h < h1 ? q[h * d + i] : 0.0f;
+        }
+      }
+    }
+  }
+  // Group g's logits against the rows at `at` (count of them, non-null): out[r][W].
+  void operator()(int64_t g, const int64_t* at, int64_t count, float* out) const {
+    const float* qg = qt + g * d * V::W;
+    const float* r4[4];
+    int64_t r = 0;
+    for (; r + 4 <= count; r += 4) {
+      for (int j = 0; j < 4; ++j) r4[j] = rows[at[r + j]];
+      logits_rows<4>(qg, d, r4, out + r * V::W);
+    }
+    for (; r < count; ++r) logits_rows<1>(qg, d, rows + at[r], out + r * V::W);
+  }
+  float* qt = nullptr;
+};
+
+// P·V for NV vectors of d from i0: each lane's chain over the live rows (weight·value, rounded, then
+// added), then the head's running sums rescaled and the chunk's part added. NV is a constant so the
+// chains stay in registers.
+template <int NV>
+inline void weighted_rows(const float* weights, const float* const* live, int64_t nlive, int64_t i0, V::F rescale,
+                          float* acc) {
+  V::F part[NV];
+  for (int v = 0; v < NV; ++v) part[v] = V::zero();
+  for (int64_t r = 0; r < nlive; ++r) {
+    const V::F p = V::set1(weights[r]);
+    const float* row = live[r] + i0;
+    for (int v = 0; v < NV; ++v) part[v] = V::add(part[v], V::mul(p, V::load(row + v * V::W)));
+  }
+  for (int v = 0; v < NV; ++v) {
+    float* a = acc + i0 + v * V::W;
+    V::store(a, V::add(V::mul(V::load(a), rescale), part[v]));
+  }
+}
+
+// Heads [h0, h1) of the query (h0 a multiple of W); `logits` computes q·row as ChainLogits does.
+template <class Logits>
+inline void attention_heads(Logits logits, int64_t d, const float* const* rows, int64_t n_rows, const float* sink,
                             float scale, float* out, int64_t h0, int64_t h1, Scratch& s) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const int64_t nh = h1 - h0;
   const int64_t groups = (nh + V::W - 1) / V::W;
-  float* qt = s.get<float>(ScratchSlot::AttentionQuery, static_cast<size_t>(groups * d * V::W));  // [group][d][W]
+  logits.prepare(h0, h1, s);
   float* acc = s.get<float>(ScratchSlot::AttentionAcc, static_cast<size_t>(nh * d));             // [head][d]
-  float* logits =
+  float* logit_buf =
       s.get<float>(ScratchSlot::AttentionLogits, static_cast<size_t>(groups * kAttnChunk * V::W));  // [group][j][W]
-  for (int64_t g = 0; g < groups; ++g) {
-    for (int64_t i = 0; i < d; ++i) {
-      for (int l = 0; l < V::W; ++l) {
-        const int64_t h = h0 + g * V::W + l;
-        qt[(g * d + i) * V::W + l] = h < h1 ? q[h * d + i] : 0.0f;
-      }
-    }
-  }
   std::fill(acc, acc + nh * d, 0.0f);
   std::vector<float> running_max(static_cast<size_t>(nh), kAttnMaxFloor), sum(static_cast<size_t>(nh), 0.0f);
   const int64_t dv = d / V::W * V::W;  // vector part of d; the rest runs scalar, in the same order
   float scores[kAttnChunk], probs[kAttnChunk];
   const float* live[kAttnChunk];
-  int64_t live_at[kAttnChunk];
+  int64_t live_at[kAttnChunk], live_index[kAttnChunk];
   for (int64_t t = 0; t < n_rows; t += kAttnChunk) {
     const int64_t len = std::min<int64_t>(kAttnChunk, n_rows - t);
     // The chunk's non-null rows, in order; null ones get -inf logits.
@@ -63,18 +108,13 @@ inline void attention_heads(const float* q, int64_t d, const float* const* rows,
     for (int64_t j = 0; j < len; ++j) {
       if (rows[t + j] != nullptr) {
         live[nlive] = rows[t + j];
+        live_index[nlive] = t + j;
         live_at[nlive++] = j;
       }
     }
-    for (int64_t g = 0; g < groups; ++g) {
-      const float* qg = qt + g * d * V::W;
-      float* lg = logits + g * kAttnChunk * V::W;
-      int64_t r = 0;
-      for (; r + 4 <= nlive; r += 4) logits_rows<4>(qg, d, live + r, lg + r * V::W);
-      for (; r < nlive; ++r) logits_rows<1>(qg, d, live + r, lg + r * V::W);
-    }
+    for (int64_t g = 0; g < groups; ++g) logits(g, live_index, nlive, logit_buf + g * kAttnChunk * V::W);
     for (int64_t hl = 0; hl < nh; ++hl) {
-      const float* lg = logits + (hl / V::W) * kAttnChunk * V::W + hl % V::W;
+      const float* lg = logit_buf + (hl / V::W) * kAttnChunk * V::W + hl % V::W;
       float chunk_max = neg_inf;
       for (int64_t j = 0; j < len; ++j) scores[j] = neg_inf * scale;
       for (int64_t r = 0; r < nlive; ++r) scores[live_at[r]] = lg[r * V::W] * scale;
@@ -87,27 +127,18 @@ inline void attention_heads(const float* q, int64_t d, const float* const* rows,
         V::store(probs + j, V::exp(V::add(V::load(scores + j), neg_max)));
       for (; j < len; ++j) probs[j] = torch_exp(scores[j] - new_max);
       const float chunk_sum = reference::cascade_sum_of(probs, len);  // torch's order, as the reference's
+      float weights[kAttnChunk];  // the live rows' probabilities as the reference multiplies them: bf16
+      for (int64_t r = 0; r < nlive; ++r) weights[r] = round_bf16(probs[live_at[r]]);
       // P·V and the rescale of the running sums, eight vectors of d at a time.
       float* ah = acc + hl * d;
       const V::F rv = V::set1(rescale);
-      for (int64_t i0 = 0; i0 < dv; i0 += 8 * V::W) {
-        const int nv = static_cast<int>(std::min<int64_t>(8, (dv - i0) / V::W));
-        V::F part[8];
-        for (int v = 0; v < 8; ++v) part[v] = V::zero();
-        for (int64_t r = 0; r < nlive; ++r) {
-          const V::F p = V::set1(round_bf16(probs[live_at[r]]));
-          const float* row = live[r] + i0;
-          for (int v = 0; v < nv; ++v) part[v] = V::add(part[v], V::mul(p, V::load(row + v * V::W)));
-        }
-        for (int v = 0; v < nv; ++v) {
-          float* a = ah + i0 + v * V::W;
-          V::store(a, V::add(V::mul(V::load(a), rv), part[v]));
-        }
-      }
+      int64_t i0 = 0;
+      for (; i0 + 8 * V::W <= dv; i0 += 8 * V::W) weighted_rows<8>(weights, live, nlive, i0, rv, ah);
+      for (; i0 < dv; i0 += V::W) weighted_rows<1>(weights, live, nlive, i0, rv, ah);
       for (int64_t i = dv; i < d; ++i) {
         float part = 0.0f;
         for (int64_t r = 0; r < nlive; ++r) {
-          const float prod = round_bf16(probs[live_at[r]]) * live[r][i];
+          const float prod = weights[r] * live[r][i];
           part += prod;
         }
         const float kept = ah[i] * rescale;
@@ -149,7 +180,7 @@ inline void sparse_attention_simd(const Exec& ex, const float* q, int64_t heads,
       }
     });
     ex.run(parallel, heads, V::W, [&](int64_t h0, int64_t h1, Scratch& s) {
-      attention_heads(q, d, values, n, sink, scale, out, h0, h1, s);
+      attention_heads(ChainLogits{q, d, values}, d, values, n, sink, scale, out, h0, h1, s);
     });
   });
 }

@@ -271,7 +271,7 @@ constexpr SimdOps kAvx512{32,
                           detail::dequantize_fp8_blocks_avx512,
                           detail::swiglu_avx512};
 
-// The AVX-512 level with the FP8, FP4 and BF16 GEMMs and the ViT attention's q·k on vdpbf16ps.
+// The AVX-512 level with the FP8, FP4 and BF16 GEMMs and the attentions' q·k on vdpbf16ps.
 constexpr SimdOps kAvx512Bf16 = [] {
   SimdOps ops = kAvx512;
   ops.linear_fp8 = detail::linear_fp8_avx512_bf16;
@@ -279,6 +279,7 @@ constexpr SimdOps kAvx512Bf16 = [] {
   ops.linear_bf16 = detail::linear_bf16_avx512_bf16;
   ops.linear_f32 = detail::linear_f32_avx512_bf16;
   ops.dense_attention = detail::dense_attention_avx512_bf16;
+  ops.sparse_attention = detail::sparse_attention_avx512_bf16;
   return ops;
 }();
 

@@ -86,6 +86,9 @@ void sparse_attention_avx2(const Exec& ex, const float* q, int64_t heads, int64_
                            const float* sink, float scale, float* out);
 void sparse_attention_avx512(const Exec& ex, const float* q, int64_t heads, int64_t d, const KvRows& rows,
                              const float* sink, float scale, float* out);
+// The AVX-512-BF16 level's: q·k on vdpbf16ps where the query and rows are bf16 values in its range.
+void sparse_attention_avx512_bf16(const Exec& ex, const float* q, int64_t heads, int64_t d, const KvRows& rows,
+                                  const float* sink, float scale, float* out);
 
 // dense_attention (the ViT's): blocks of queries × heads split over exec's workers.
 void dense_attention_avx2(const Exec& ex, const float* q, const float* k, const float* v, int64_t n, int64_t heads,

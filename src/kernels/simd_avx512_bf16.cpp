@@ -29,6 +29,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cascade_sum.h"
+#include "kernels/kv_rows.h"
 #include "kernels/linear_internal.h"
 #include "kernels/reference.h"
 #include "kernels/torch_math.h"
@@ -56,6 +58,7 @@ namespace dsv41::detail::avx512_bf16 {
 #include "kernels/simd_avx512_ops.h"
 
 #include "kernels/linear_simd_impl.h"
+#include "kernels/attention_simd_impl.h"
 #include "kernels/dense_attention_simd_impl.h"
 
 // ---- bf16 pairs ---------------------------------------------------------------------------------
@@ -806,6 +809,87 @@ struct DensePairScores {
   }
 };
 
+// ---- sparse attention: q·k on vdpbf16ps ---------------------------------------------------------------
+//
+// The logits are fp32 chains over d of rounded products (attention_simd_impl.h). Where the query and
+// every selected row are bf16 values in the pairs' range (the bf16 linears' conditions, checked per
+// call), every product is exact and vdpbf16ps runs the same chain two lanes at a time (lane e in the
+// upper half, e+1 in the lower), heads in lanes as the fp32 chains have them; the rest of the op (the
+// softmax, P·V) is the AVX-512 level's.
+struct PairLogits {
+  const float* q;
+  int64_t d;
+  const uint32_t* rows;  // [n][d/2]: the decoded rows as pairs
+  void prepare(int64_t h0, int64_t h1, Scratch& s) {
+    const int64_t groups = (h1 - h0 + V::W - 1) / V::W, dp = d / 2;
+    qt = s.get<uint32_t>(ScratchSlot::AttentionQuery, static_cast<size_t>(groups * dp * V::W));  // [group][d/2][W]
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t p = 0; p < dp; ++p) {
+        for (int l = 0; l < V::W; ++l) {
+          const int64_t h = h0 + g * V::W + l;
+          qt[(g * dp + p) * V::W + l] = h < h1 ? pair_bf16(q[h * d + 2 * p], q[h * d + 2 * p + 1]) : 0u;
+        }
+      }
+    }
+  }
+  template <int R>
+  void rows_of(const uint32_t* qg, const int64_t* at, float* out) const {
+    const int64_t dp = d / 2;
+    V::F acc[R];
+    const uint32_t* row[R];
+    for (int r = 0; r < R; ++r) {
+      acc[r] = V::zero();
+      row[r] = rows + at[r] * dp;
+    }
+    for (int64_t p = 0; p < dp; ++p) {
+      const __m512i qv = _mm512_loadu_si512(qg + p * V::W);
+      for (int r = 0; r < R; ++r) acc[r] = dot_pairs(acc[r], qv, _mm512_set1_epi32(static_cast<int>(row[r][p])));
+    }
+    for (int r = 0; r < R; ++r) V::store(out + r * V::W, acc[r]);
+  }
+  void operator()(int64_t g, const int64_t* at, int64_t count, float* out) const {
+    const uint32_t* qg = qt + g * (d / 2) * V::W;
+    int64_t r = 0;
+    for (; r + 4 <= count; r += 4) rows_of<4>(qg, at + r, out + r * V::W);
+    for (; r < count; ++r) rows_of<1>(qg, at + r, out + r * V::W);
+  }
+  uint32_t* qt = nullptr;
+};
+
+void sparse_attention_pairs(const Exec& ex, const float* q, int64_t heads, int64_t d, const KvRows& rows,
+                            const float* sink, float scale, float* out) {
+  if (heads <= 0) return;
+  const int64_t n = rows.size();
+  const bool parallel = heads * n * d >= (int64_t{1} << 16) && heads > V::W;
+  ex.serial(1, [&](int64_t, int64_t, Scratch& mine) {
+    float* decoded = mine.get<float>(ScratchSlot::AttentionRows, static_cast<size_t>(std::max<int64_t>(n * d, 1)));
+    const float** values =
+        mine.get<const float*>(ScratchSlot::AttentionRowList, static_cast<size_t>(std::max<int64_t>(n, 1)));
+    uint32_t* pairs = mine.get<uint32_t>(ScratchSlot::PairRows, static_cast<size_t>(std::max<int64_t>(n * (d / 2), 1)));
+    std::vector<uint8_t> outside(static_cast<size_t>(n), 0);
+    const bool even = d % 2 == 0;
+    // the rows split over the workers too when there are many (the caller's buffer, disjoint rows)
+    ex.run(parallel && n * d >= (int64_t{1} << 15), n, 8, [&](int64_t j0, int64_t j1, Scratch&) {
+      for (int64_t j = j0; j < j1; ++j) {
+        const uint8_t* row = kv_row(rows, j);
+        values[j] = row != nullptr ? decoded + j * d : nullptr;
+        if (row == nullptr) continue;
+        decode_kv_row_fast(kv_row_format(rows, j), row, d, decoded + j * d);
+        if (even) outside[static_cast<size_t>(j)] = !row_pairs(decoded + j * d, d, pairs + j * (d / 2));
+      }
+    });
+    const bool paired = even && row_pairs(q, heads * d, nullptr) &&
+                        std::none_of(outside.begin(), outside.end(), [](uint8_t o) { return o != 0; });
+    ex.run(parallel, heads, V::W, [&](int64_t h0, int64_t h1, Scratch& s) {
+      if (paired) {
+        attention_heads(PairLogits{q, d, pairs}, d, values, n, sink, scale, out, h0, h1, s);
+      } else {
+        attention_heads(ChainLogits{q, d, values}, d, values, n, sink, scale, out, h0, h1, s);
+      }
+    });
+  });
+}
+
 // The rounding of vdpbf16ps on this CPU, against the chain the level relies on: a fixed set of
 // accumulators and e4m3-like pairs where rounding once, or in the other order, gives other bits.
 bool rounds_in_order() {
@@ -923,6 +1007,10 @@ void dense_attention_avx512_bf16(const Exec& ex, const float* q, const float* k,
   }
   if (!paired) avx512_bf16::dense_attention_simd(ex, q, k, v, n, heads, d, stride, scale, out);
 }
+void sparse_attention_avx512_bf16(const Exec& ex, const float* q, int64_t heads, int64_t d, const KvRows& rows,
+                                  const float* sink, float scale, float* out) {
+  avx512_bf16::sparse_attention_pairs(ex, q, heads, d, rows, sink, scale, out);
+}
 bool bf16_dot_rounds_in_order() { return avx512_bf16::rounds_in_order(); }
 double bf16_dot_over_fma_rate() { return avx512_bf16::dot_over_fma_rate(); }
 
@@ -959,6 +1047,10 @@ void linear_f32_avx512_bf16(const Exec&, const float* x, int64_t m, const Bf16Ma
 void dense_attention_avx512_bf16(const Exec&, const float* q, const float* k, const float* v, int64_t n,
                                  int64_t heads, int64_t d, int64_t stride, float scale, float* out) {
   reference::dense_attention(q, k, v, n, heads, d, stride, scale, out);
+}
+void sparse_attention_avx512_bf16(const Exec&, const float* q, int64_t heads, int64_t d, const KvRows& rows,
+                                  const float* sink, float scale, float* out) {
+  reference::sparse_attention(q, heads, d, rows, sink, scale, out);
 }
 bool bf16_dot_rounds_in_order() { return false; }
 double bf16_dot_over_fma_rate() { return 0.0; }

@@ -182,7 +182,8 @@ TEST(KernelsSimd, Bf16WeightsBelowThePairsRangeMatchScalar) {
   for (float& v : x) v = bf16_at(-40);
   std::vector<uint16_t> wb(static_cast<size_t>(n * k));
   for (int64_t r = 0; r < n; ++r) {  // tile 1 (rows 32..63) at 2^-92, the others at 2^-3
-    for (int64_t j = 0; j < k; ++j) wb[static_cast<size_t>(r * k + j)] = bf16_from_f32(bf16_at(r >= 32 && r < 64 ? -92 : -3));
+    const int exponent = r >= 32 && r < 64 ? -92 : -3;
+    for (int64_t j = 0; j < k; ++j) wb[static_cast<size_t>(r * k + j)] = bf16_from_f32(bf16_at(exponent));
   }
   const Bf16Matrix mb{wb.data(), n, k};
   for (const int64_t m : {int64_t{1}, int64_t{3}, int64_t{6}}) {
@@ -235,8 +236,9 @@ TEST(KernelsSimd, ScalesAtTheFoldedRangesEdgesMatchScalar) {
   for (size_t i = 0; i < s8.size(); ++i) s8[i] = code(i / kb, i);
   for (size_t i = 0; i < s4.size(); ++i) s4[i] = code(i / kb / 32, i + i / kb);
   std::vector<uint8_t> w8 = random_e4m3(rng, static_cast<size_t>(n * k));
-  for (size_t i = 0; i < w8.size(); i += 5) w8[i] = static_cast<uint8_t>((i % 2 ? 0x80 : 0x00) | (1 + i % 7));  // subnormals
-  for (size_t i = 3; i < w8.size(); i += 11) w8[i] = i % 2 ? 0xFE : 0x7E;                                         // ±448
+  // e4m3 subnormals, then ±448
+  for (size_t i = 0; i < w8.size(); i += 5) w8[i] = static_cast<uint8_t>((i % 2 ? 0x80 : 0x00) | (1 + i % 7));
+  for (size_t i = 3; i < w8.size(); i += 11) w8[i] = i % 2 ? 0xFE : 0x7E;
   std::vector<uint8_t> w4 = random_bytes(rng, static_cast<size_t>(n * k / 2));
   for (size_t i = 0; i < w4.size(); i += 3) w4[i] = i % 2 ? 0x79 : 0x9F;  // ±6 and ±0.5
   const Fp8Matrix m8{w8.data(), s8.data(), n, k};

@@ -296,8 +296,8 @@ constexpr SimdOps kAmxBf16 = [] {
 // The AVX-512 levels score the indexer in integers where the CPU has VNNI: the same bits, 2.4-3 times
 // as fast at the released widths (index_score_vnni.cpp, docs/performance.md).
 bool integer_indexer(Isa level) { return level >= Isa::avx512 && cpu_features().avx512_vnni; }
-// The AVX-512-BF16 level runs its decode steps' GEMV on vdpbf16ps too where the CPU has VBMI (the
-// weights' pairs come from byte permutes): the same bits (simd_avx512_bf16.cpp).
+// The AVX-512-BF16 level runs its decode steps' GEMV on vdpbf16ps too, and decodes its GEMM's panels
+// by byte permutes, where the CPU has VBMI: the same bits (simd_avx512_bf16.cpp).
 bool pair_gemv(Isa level) { return level == Isa::avx512_bf16 && cpu_features().avx512_vbmi; }
 // The level's ops with the units this CPU adds to it.
 SimdOps for_this_cpu(Isa level, SimdOps ops) {

@@ -1,8 +1,8 @@
 // AVX-512-BF16 kernels: the GEMM path (more than V::kGemvRows rows) of the FP8, FP4 and BF16 linear
-// layers on vdpbf16ps, two products per fp32 lane and instruction where the AVX-512 level's FMA does
-// one (the BF16 layers' conditions are with their kernel below).
-// The level's other ops, and these layers' GEMV path (bandwidth-bound: decode steps), are the
-// AVX-512 level's (backend.cpp).
+// layers, the decode steps' FP8 and FP4 GEMV on packed tiles (where the CPU also has VBMI), and the
+// q·k of both attentions on vdpbf16ps, two products per fp32 lane and instruction where the AVX-512
+// level's FMA does one. The level's other ops, and the GEMV elsewhere, are the AVX-512 level's
+// (backend.cpp).
 //
 // The bits are the reference's, not an approximation of them:
 //  * the decoded weights (e4m3 · 2^-8, or e2m1) and the act_quant'ed activations (e4m3 · 2^8, or
@@ -15,8 +15,8 @@
 //    this level (bf16_dot_rounds_in_order, asked at detection);
 //  * its flush of subnormal inputs and results never fires: every product is a multiple of 2^-18
 //    (smallest weight 2^-17, smallest activation 2^-1; FP4: 2^-1 and 2^-9), so is every partial sum,
-//    and none of them is subnormal.
-// The per-block scaling and the accumulation over blocks are the AVX-512 level's fp32 operations.
+//    and the power-of-two scales folded into the operands (the GEMM section) keep them all normal.
+// The BF16 layers' and the attentions' conditions are with their kernels below.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -214,7 +214,8 @@ struct Fp8Pairs {
   DSV41_VBMI void pairs(const uint8_t* block, int q, __m512i& w0, __m512i& w1) const {
     const __m512i c = _mm512_loadu_si512(block + 64 * q);
     const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
-    const __m512i up = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(upper0, c, upper1), c, sign, 0xF8);  // a | (b & c)
+    // the upper bytes with the code's sign: a | (b & c)
+    const __m512i up = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(upper0, c, upper1), c, sign, 0xF8);
     const __m512i lo = _mm512_permutex2var_epi8(lower0, c, lower1);
     w0 = _mm512_permutex2var_epi8(lo, rows0, up);
     w1 = _mm512_permutex2var_epi8(lo, rows1, up);
@@ -325,7 +326,8 @@ DSV41_VBMI void scaled_pairs_vbmi(const typename Kind::Matrix& w, int64_t tile, 
   const PairsOf<Kind> dec;
   const __m512i magnitude = _mm512_set1_epi16(0x7FFF);
   for (int64_t b = c0; b < c1; ++b) {
-    const __m512i e0 = exponent_steps(V::load(ws + (2 * b) * V::W)), e1 = exponent_steps(V::load(ws + (2 * b + 1) * V::W));
+    const __m512i e0 = exponent_steps(V::load(ws + (2 * b) * V::W));
+    const __m512i e1 = exponent_steps(V::load(ws + (2 * b + 1) * V::W));
     const uint8_t* block = packed_block<Kind>(w, tile, b);
     uint32_t* out = panel + (b - c0) * kPairs * kTileRows;
     for (int q = 0; q < kPairs; ++q) {
@@ -548,7 +550,8 @@ DSV41_VBMI bool run_gemv_pairs(const Exec& ex, const float* x, int64_t m, const 
     folded = true;
     const auto rows = [&](auto count) {
       constexpr int M = decltype(count)::value;
-      ex.run(parallel, w.n, kTileRows, [&](int64_t r0, int64_t r1, Scratch& s) { gemv_pairs<Kind, M>(xp, qa, w, y, r0, r1, s); });
+      ex.run(parallel, w.n, kTileRows,
+             [&](int64_t r0, int64_t r1, Scratch& s) { gemv_pairs<Kind, M>(xp, qa, w, y, r0, r1, s); });
     };
     static_assert(V::kGemvRows == 4 && kGroupRows >= 4, "one group of up to four rows");
     switch (m) {

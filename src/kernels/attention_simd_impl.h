@@ -161,24 +161,40 @@ inline void attention_heads(Logits logits, int64_t d, const float* const* rows, 
   }
 }
 
+// Decodes the list's rows once per query into the calling thread's scratch `mine`: values[j] is row j's
+// values, null where the list has none. each(j, values[j]) runs after each row, on the worker that
+// decoded it (the rows split over the workers when there are many; their buffers are disjoint).
+template <class Each>
+inline const float* const* decode_rows(const Exec& ex, const KvRows& rows, int64_t d, bool parallel, Scratch& mine,
+                                       Each each) {
+  const int64_t n = rows.size();
+  float* decoded = mine.get<float>(ScratchSlot::AttentionRows, static_cast<size_t>(std::max<int64_t>(n * d, 1)));
+  const float** values =
+      mine.get<const float*>(ScratchSlot::AttentionRowList, static_cast<size_t>(std::max<int64_t>(n, 1)));
+  ex.run(parallel && n * d >= (int64_t{1} << 15), n, 8, [&](int64_t j0, int64_t j1, Scratch&) {
+    for (int64_t j = j0; j < j1; ++j) {
+      const uint8_t* row = kv_row(rows, j);
+      values[j] = row != nullptr ? decoded + j * d : nullptr;
+      if (row == nullptr) continue;
+      decode_kv_row_fast(kv_row_format(rows, j), row, d, decoded + j * d);
+      each(j, decoded + j * d);
+    }
+  });
+  return values;
+}
+
+// Work of one query: heads · rows · d multiply-adds, twice. Small ones stay on the calling thread.
+inline bool attention_in_parallel(int64_t heads, int64_t rows, int64_t d) {
+  return heads * rows * d >= (int64_t{1} << 16) && heads > V::W;
+}
+
 inline void sparse_attention_simd(const Exec& ex, const float* q, int64_t heads, int64_t d, const KvRows& rows,
                                   const float* sink, float scale, float* out) {
   if (heads <= 0) return;
-  // Work of one query: heads · rows · d multiply-adds, twice. Small ones stay on the calling thread.
   const int64_t n = rows.size();
-  const bool parallel = heads * n * d >= (int64_t{1} << 16) && heads > V::W;
+  const bool parallel = attention_in_parallel(heads, n, d);
   ex.serial(1, [&](int64_t, int64_t, Scratch& mine) {
-    float* decoded = mine.get<float>(ScratchSlot::AttentionRows, static_cast<size_t>(std::max<int64_t>(n * d, 1)));
-    const float** values =
-        mine.get<const float*>(ScratchSlot::AttentionRowList, static_cast<size_t>(std::max<int64_t>(n, 1)));
-    // the rows split over the workers too when there are many (the caller's buffer, disjoint rows)
-    ex.run(parallel && n * d >= (int64_t{1} << 15), n, 8, [&](int64_t j0, int64_t j1, Scratch&) {
-      for (int64_t j = j0; j < j1; ++j) {
-        const uint8_t* row = kv_row(rows, j);
-        values[j] = row != nullptr ? decoded + j * d : nullptr;
-        if (row != nullptr) decode_kv_row_fast(kv_row_format(rows, j), row, d, decoded + j * d);
-      }
-    });
+    const float* const* values = decode_rows(ex, rows, d, parallel, mine, [](int64_t, const float*) {});
     ex.run(parallel, heads, V::W, [&](int64_t h0, int64_t h1, Scratch& s) {
       attention_heads(ChainLogits{q, d, values}, d, values, n, sink, scale, out, h0, h1, s);
     });

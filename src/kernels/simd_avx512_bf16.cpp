@@ -863,23 +863,12 @@ void sparse_attention_pairs(const Exec& ex, const float* q, int64_t heads, int64
                             const float* sink, float scale, float* out) {
   if (heads <= 0) return;
   const int64_t n = rows.size();
-  const bool parallel = heads * n * d >= (int64_t{1} << 16) && heads > V::W;
+  const bool parallel = attention_in_parallel(heads, n, d), even = d % 2 == 0;
   ex.serial(1, [&](int64_t, int64_t, Scratch& mine) {
-    float* decoded = mine.get<float>(ScratchSlot::AttentionRows, static_cast<size_t>(std::max<int64_t>(n * d, 1)));
-    const float** values =
-        mine.get<const float*>(ScratchSlot::AttentionRowList, static_cast<size_t>(std::max<int64_t>(n, 1)));
     uint32_t* pairs = mine.get<uint32_t>(ScratchSlot::PairRows, static_cast<size_t>(std::max<int64_t>(n * (d / 2), 1)));
     std::vector<uint8_t> outside(static_cast<size_t>(n), 0);
-    const bool even = d % 2 == 0;
-    // the rows split over the workers too when there are many (the caller's buffer, disjoint rows)
-    ex.run(parallel && n * d >= (int64_t{1} << 15), n, 8, [&](int64_t j0, int64_t j1, Scratch&) {
-      for (int64_t j = j0; j < j1; ++j) {
-        const uint8_t* row = kv_row(rows, j);
-        values[j] = row != nullptr ? decoded + j * d : nullptr;
-        if (row == nullptr) continue;
-        decode_kv_row_fast(kv_row_format(rows, j), row, d, decoded + j * d);
-        if (even) outside[static_cast<size_t>(j)] = !row_pairs(decoded + j * d, d, pairs + j * (d / 2));
-      }
+    const float* const* values = decode_rows(ex, rows, d, parallel, mine, [&](int64_t j, const float* row) {
+      if (even) outside[static_cast<size_t>(j)] = !row_pairs(row, d, pairs + j * (d / 2));
     });
     const bool paired = even && row_pairs(q, heads * d, nullptr) &&
                         std::none_of(outside.begin(), outside.end(), [](uint8_t o) { return o != 0; });

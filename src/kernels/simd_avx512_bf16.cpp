@@ -114,13 +114,6 @@ struct PairSink {
 
 #define DSV41_VBMI __attribute__((target("avx512vbmi")))
 
-// bf16 bits of a value exact in bf16.
-inline uint16_t bf16_bits(float v) {
-  uint32_t b;
-  std::memcpy(&b, &v, 4);
-  return static_cast<uint16_t>(b >> 16);
-}
-
 // Packed FP4 columns as pairs. Column q of a block holds 32 bytes, one per tile row: the low nibble
 // is k = 2q, the high nibble k = 2q+1. Each row's byte is spread to the four bytes of its lane; the
 // lower word, shifted right by 4, indexes the table with the high nibble (k + 1, the pair's lower
@@ -135,7 +128,7 @@ struct Fp4Pairs {
   static const Tables& tables() {
     static const Tables made = [] {
       Tables t{};
-      for (int c = 0; c < 32; ++c) t.values[c] = bf16_bits(e2m1_to_f32(static_cast<uint8_t>(c % 16)));
+      for (int c = 0; c < 32; ++c) t.values[c] = bf16_from_f32(e2m1_to_f32(static_cast<uint8_t>(c % 16)));
       for (int l = 0; l < 16; ++l) {
         for (int j = 0; j < 4; ++j) {
           t.spread[0][4 * l + j] = static_cast<uint8_t>(l);
@@ -182,7 +175,7 @@ struct Fp8Pairs {
     static const Tables made = [] {
       Tables t{};
       for (int c = 0; c < 128; ++c) {
-        const uint16_t b = bf16_bits(e4m3_to_f32(static_cast<uint8_t>(c)) / Fp8Kind::kPrescale);
+        const uint16_t b = bf16_from_f32(e4m3_to_f32(static_cast<uint8_t>(c)) / Fp8Kind::kPrescale);  // exact
         t.upper[c] = static_cast<uint8_t>(b >> 8);
         t.lower[c] = static_cast<uint8_t>(b & 0xFF);
       }

@@ -16,6 +16,7 @@ packages=(
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev        # KV events for cache-aware routers (serve --kv-events)
   clang libclang-rt-dev                            # libFuzzer for the parser fuzz targets
   python3 python3-numpy                            # the NumPy RNG the Engram constants must match
+  libdnnl-dev                                      # oneDNN: the gemm benchmark's library yardstick (optional)
 )
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 

@@ -840,6 +840,16 @@ TEST(CliBench, GemmIsReportedAgainstTheRegisterOnlyPeaks) {
     // GEMM at 1.19 and 1.30 of one was seen under ctest -j2 with other jobs running).
     EXPECT_LT(g["gflops"].get<double>(), 1.1 * cores * machine["peaks_per_core"][unit].get<double>())
         << "a kernel above the register-only peak of the unit it computes on means a miscounted peak: " << g;
+    // Where the build has a library (oneDNN), every row sets the library's rate at its shape beside ours.
+    ASSERT_EQ(g.contains("library"), gemm[0].contains("library")) << g;
+    if (g.contains("library")) {
+      EXPECT_EQ(g["library"].get<std::string>().rfind("oneDNN ", 0), 0u) << g;
+      EXPECT_GT(g["library_gflops"].get<double>(), 0) << g;
+      EXPECT_DOUBLE_EQ(g["over_library"].get<double>(), g["gflops"].get<double>() / g["library_gflops"].get<double>());
+      if (i >= 6) {  // one library figure per shape and row count, the same for every level
+        EXPECT_EQ(g["library_gflops"], gemm[i % 6]["library_gflops"]) << g;
+      }
+    }
   }
   auto bad = test::run_dsv41("bench -m " + test::tiny_model_dir() + " --scenario gemm --gemm-rows 16,x");
   EXPECT_NE(bad.status, 0);

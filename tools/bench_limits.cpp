@@ -7,11 +7,13 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <chrono>
 #include <cstring>
 #include <thread>
 #include <vector>
 
+#include "kernels/packed_weights.h"
 
 namespace dsv41::cli {
 
@@ -137,7 +139,9 @@ double measure_fp8_gemm_gflops(const Backend& backend, int64_t m, int64_t k, int
   for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint8_t>((i * 2654435761u) >> 24) & 0x7E;  // finite codes
   const std::vector<float> x = activations(m, k);
   std::vector<float> y(static_cast<size_t>(m * n));
-  const Fp8Matrix W{w.data(), s.data(), n, k};
+  Fp8Matrix W{w.data(), s.data(), n, k};
+  const std::unique_ptr<PackedWeights> packed = backend.pack(W);  // as a loaded model's (null: row-major)
+  if (packed) W.packed = packed->view();
   return best_gflops(m, k, n, reps, [&] { backend.linear_fp8(x.data(), m, W, y.data()); });
 }
 
@@ -146,7 +150,9 @@ double measure_fp4_gemm_gflops(const Backend& backend, int64_t m, int64_t k, int
   for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint8_t>((i * 2654435761u) >> 24);  // every E2M1 code is finite
   const std::vector<float> x = activations(m, k);
   std::vector<float> y(static_cast<size_t>(m * n));
-  const Fp4Matrix W{w.data(), s.data(), n, k};
+  Fp4Matrix W{w.data(), s.data(), n, k};
+  const std::unique_ptr<PackedWeights> packed = backend.pack(W);
+  if (packed) W.packed = packed->view();
   return best_gflops(m, k, n, reps, [&] { backend.linear_fp4(x.data(), m, W, y.data()); });
 }
 

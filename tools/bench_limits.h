@@ -24,7 +24,8 @@ struct DiskRead {
 DiskRead measure_disk_read(const std::string& dir, uint64_t bytes = uint64_t{4} << 30, int threads = 4);
 
 // GFLOP/s of the backend's linear_fp8 / linear_fp4 at m rows × k → n (2·m·n·k FLOPs per call), best
-// of `reps`, on weights of finite codes with the checkpoint's block scales.
+// of `reps`, on weights of finite codes with the checkpoint's block scales, packed for the backend's
+// tiles as a loaded model's are.
 double measure_fp8_gemm_gflops(const Backend& backend, int64_t m, int64_t k, int64_t n, int reps = 3);
 double measure_fp4_gemm_gflops(const Backend& backend, int64_t m, int64_t k, int64_t n, int reps = 3);
 

@@ -172,18 +172,13 @@ TEST(KernelsSimd, OutOfRangeScalesTakeTheReferencesPath) {
 // AVX-512 GEMV) and prompts alike: the reference's bits, subnormal outputs and all.
 TEST(KernelsSimd, Bf16WeightsBelowThePairsRangeMatchScalar) {
   std::mt19937 rng(17);
-  std::uniform_int_distribution<int> mantissa(0, 127), sign(0, 1);
-  const auto bf16_at = [&](int exponent) {  // a bf16 value with 7 random mantissa bits at 2^exponent
-    const float v = std::ldexp(1.0f + static_cast<float>(mantissa(rng)) / 128.0f, exponent);
-    return round_bf16(sign(rng) ? -v : v);
-  };
   const int64_t n = 96, k = 320;
   std::vector<float> x(static_cast<size_t>(6 * k));
-  for (float& v : x) v = bf16_at(-40);
+  for (float& v : x) v = random_bf16_at(rng, -40);
   std::vector<uint16_t> wb(static_cast<size_t>(n * k));
   for (int64_t r = 0; r < n; ++r) {  // tile 1 (rows 32..63) at 2^-92, the others at 2^-3
     const int exponent = r >= 32 && r < 64 ? -92 : -3;
-    for (int64_t j = 0; j < k; ++j) wb[static_cast<size_t>(r * k + j)] = bf16_from_f32(bf16_at(exponent));
+    for (int64_t j = 0; j < k; ++j) wb[static_cast<size_t>(r * k + j)] = bf16_from_f32(random_bf16_at(rng, exponent));
   }
   const Bf16Matrix mb{wb.data(), n, k};
   for (const int64_t m : {int64_t{1}, int64_t{3}, int64_t{6}}) {
@@ -369,21 +364,17 @@ TEST(KernelsSimd, Bf16AndF32MatchScalar) {
 // (2^-130) beside ordinary ones. Row-major and packed.
 TEST(KernelsSimd, Bf16ProductsBelowTheNormalRangeMatchScalar) {
   std::mt19937 rng(31);
-  std::uniform_int_distribution<int> mantissa(0, 127), sign(0, 1);
-  const auto bf16_at = [&](int exponent) {  // a bf16 value with 7 random mantissa bits at 2^exponent
-    const float v = std::ldexp(1.0f + static_cast<float>(mantissa(rng)) / 128.0f, exponent);
-    return round_bf16(sign(rng) ? -v : v);
-  };
   const int64_t m = 9, n = 70, k = 96;
   for (const Backend* be : fast_backends()) {
     std::vector<float> tiny_x(static_cast<size_t>(m * k)), x(tiny_x.size());
-    for (auto& v : tiny_x) v = bf16_at(-100);
-    for (auto& v : x) v = bf16_at(0);
+    for (auto& v : tiny_x) v = random_bf16_at(rng, -100);
+    for (auto& v : x) v = random_bf16_at(rng, 0);
     std::vector<uint16_t> w_small(static_cast<size_t>(n * k)), w_subnormal_tile(w_small.size());
     for (int64_t r = 0; r < n; ++r) {
       for (int64_t j = 0; j < k; ++j) {
-        w_small[static_cast<size_t>(r * k + j)] = bf16_from_f32(bf16_at(-30));
-        w_subnormal_tile[static_cast<size_t>(r * k + j)] = bf16_from_f32(bf16_at(r >= 32 && r < 64 ? -130 : -3));
+        w_small[static_cast<size_t>(r * k + j)] = bf16_from_f32(random_bf16_at(rng, -30));
+        const int exponent = r >= 32 && r < 64 ? -130 : -3;
+        w_subnormal_tile[static_cast<size_t>(r * k + j)] = bf16_from_f32(random_bf16_at(rng, exponent));
       }
     }
     for (const auto& [in, weights] : {std::pair{&tiny_x, &w_small}, std::pair{&x, &w_subnormal_tile}}) {

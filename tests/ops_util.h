@@ -214,6 +214,13 @@ inline std::vector<uint8_t> random_scales(std::mt19937& rng, size_t n, int lo = 
   return v;
 }
 
+// A bf16 value of either sign with 7 random mantissa bits at 2^exponent.
+inline float random_bf16_at(std::mt19937& rng, int exponent) {
+  std::uniform_int_distribution<int> mantissa(0, 127), sign(0, 1);
+  const float v = std::ldexp(1.0f + static_cast<float>(mantissa(rng)) / 128.0f, exponent);
+  return round_bf16(sign(rng) ? -v : v);
+}
+
 inline std::vector<uint16_t> random_bf16_bits(std::mt19937& rng, size_t n, float sigma = 0.05f) {
   std::normal_distribution<float> dist(0.0f, sigma);
   std::vector<uint16_t> v(n);

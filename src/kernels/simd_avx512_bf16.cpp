@@ -557,6 +557,15 @@ DSV41_VBMI bool run_gemv_pairs(const Exec& ex, const float* x, int64_t m, const 
   return folded;
 }
 
+// The layer where the CPU has VBMI: a few rows against packed tiles on the pair GEMV, the rest on the
+// pair GEMM with its panels from the permute decoders.
+template <class Kind>
+DSV41_VBMI void run_linear_vbmi(const Exec& ex, const float* x, int64_t m, const typename Kind::Matrix& w, float* y) {
+  const bool gemv = m >= 1 && m <= V::kGemvRows && w.n > 0 && w.packed.tile_rows == kTileRows;
+  if (gemv && run_gemv_pairs<Kind>(ex, x, m, w, y)) return;
+  run_linear_pairs<Kind>(ex, x, m, w, y, true);
+}
+
 // ---- the bf16 linears ------------------------------------------------------------------------------
 //
 // linear_bf16, and linear_f32 on activations that are all bf16 values: one chain per output over all of
@@ -951,21 +960,11 @@ void linear_fp8_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Fp8
 void linear_fp4_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Fp4Matrix& w, float* y) {
   avx512_bf16::run_linear_pairs<avx512_bf16::Fp4Kind>(ex, x, m, w, y);
 }
-DSV41_VBMI void linear_fp8_avx512_bf16_vbmi(const Exec& ex, const float* x, int64_t m, const Fp8Matrix& w, float* y) {
-  using Kind = avx512_bf16::Fp8Kind;
-  if (m >= 1 && m <= avx512_bf16::V::kGemvRows && w.n > 0 && w.packed.tile_rows == avx512_bf16::kTileRows &&
-      avx512_bf16::run_gemv_pairs<Kind>(ex, x, m, w, y)) {
-    return;
-  }
-  avx512_bf16::run_linear_pairs<Kind>(ex, x, m, w, y, true);
+void linear_fp8_avx512_bf16_vbmi(const Exec& ex, const float* x, int64_t m, const Fp8Matrix& w, float* y) {
+  avx512_bf16::run_linear_vbmi<avx512_bf16::Fp8Kind>(ex, x, m, w, y);
 }
-DSV41_VBMI void linear_fp4_avx512_bf16_vbmi(const Exec& ex, const float* x, int64_t m, const Fp4Matrix& w, float* y) {
-  using Kind = avx512_bf16::Fp4Kind;
-  if (m >= 1 && m <= avx512_bf16::V::kGemvRows && w.n > 0 && w.packed.tile_rows == avx512_bf16::kTileRows &&
-      avx512_bf16::run_gemv_pairs<Kind>(ex, x, m, w, y)) {
-    return;
-  }
-  avx512_bf16::run_linear_pairs<Kind>(ex, x, m, w, y, true);
+void linear_fp4_avx512_bf16_vbmi(const Exec& ex, const float* x, int64_t m, const Fp4Matrix& w, float* y) {
+  avx512_bf16::run_linear_vbmi<avx512_bf16::Fp4Kind>(ex, x, m, w, y);
 }
 void linear_bf16_avx512_bf16(const Exec& ex, const float* x, int64_t m, const Bf16Matrix& w, float* y) {
   using Exact = avx512_bf16::Bf16Kind<false>;

@@ -105,6 +105,22 @@ struct PairSink {
   void end(int64_t) {}
 };
 
+// Blocks [c0, c1) of one tile into `sink`: from the packed tiles, or from the checkpoint's layout
+// (`rows` holds the tile's rows; nan is set where an FP8 NaN code turns up).
+template <class Kind, class Sink>
+void decode_blocks(const typename Kind::Matrix& w, int64_t tile, const std::optional<Tile<Kind>>& rows, int64_t c0,
+                   int64_t c1, Sink& sink, Scratch& s, bool& nan) {
+  const uint8_t* blk[kTileRows];
+  for (int64_t b = c0; b < c1; ++b) {
+    if (!rows) {
+      Kind::PDec::step(packed_block<Kind>(w, tile, b), b, sink);
+    } else {
+      rows->block(b, blk, s);
+      Kind::Dec::step(blk, b, sink, nan);
+    }
+  }
+}
+
 // ---- packed tiles as pairs, by byte permutes (AVX-512 VBMI) -----------------------------------------
 //
 // Where the CPU has VBMI, packed FP8 and FP4 tiles turn into bf16 pairs with a few byte and word
@@ -393,7 +409,6 @@ void gemm_pairs(const uint32_t* xp, const QuantizedActivations& qa, const typena
                 int64_t r0, int64_t r1, Scratch& s, bool vbmi) {
   const int64_t m = qa.m, kb = w.k / kQBlock;
   const bool packed = w.packed.tile_rows == kTileRows;
-  const uint8_t* blk[kTileRows];
   for (int64_t row0 = r0; row0 < r1; row0 += kTileRows) {
     const int64_t tile = row0 / kTileRows;
     const int count = static_cast<int>(std::min<int64_t>(kTileRows, r1 - row0));
@@ -425,14 +440,7 @@ void gemm_pairs(const uint32_t* xp, const QuantizedActivations& qa, const typena
         scaled_pairs_vbmi<Kind>(w, tile, c0, c1, ws, panel);
       } else {
         ScaledPairSink sink{{panel, c0}, ws};
-        for (int64_t b = c0; b < c1; ++b) {
-          if (packed) {
-            Kind::PDec::step(packed_block<Kind>(w, tile, b), b, sink);
-          } else {
-            rows->block(b, blk, s);
-            Kind::Dec::step(blk, b, sink, nan);
-          }
-        }
+        decode_blocks<Kind>(w, tile, rows, c0, c1, sink, s, nan);
       }
       micro_pairs_rows(xp, m, w.k / 2, panel, c0, c1, acc);
     }
@@ -689,7 +697,6 @@ void gemm_bf16_pairs(const uint32_t* xp, const float* x, int64_t m, const Bf16Ma
                      int64_t r1, Scratch& s) {
   const int64_t kb = k_blocks(w.k), kp = kb * kPairs;
   const bool packed = w.packed.tile_rows == kTileRows;
-  const uint8_t* blk[kTileRows];
   for (int64_t row0 = r0; row0 < r1; row0 += kTileRows) {
     const int64_t tile = row0 / kTileRows;
     const int count = static_cast<int>(std::min<int64_t>(kTileRows, r1 - row0));
@@ -704,14 +711,7 @@ void gemm_bf16_pairs(const uint32_t* xp, const float* x, int64_t m, const Bf16Ma
     for (int64_t c0 = 0; c0 < kb; c0 += kKc) {
       const int64_t c1 = std::min(kb, c0 + kKc);
       CheckedPairSink sink{{panel, c0}, 0};
-      for (int64_t b = c0; b < c1; ++b) {
-        if (packed) {
-          Kind::PDec::step(packed_block<Kind>(w, tile, b), b, sink);
-        } else {
-          rows->block(b, blk, s);
-          Kind::Dec::step(blk, b, sink, nan);
-        }
-      }
+      decode_blocks<Kind>(w, tile, rows, c0, c1, sink, s, nan);
       outside = static_cast<__mmask16>(outside | sink.outside);
       micro_chain_rows<V::MI>(xp, m, kp, panel, c0, c1, acc);
     }
